@@ -1,0 +1,5 @@
+"""`python -m fedbench` runs the CLI."""
+
+from fedbench.cli import main
+
+main()

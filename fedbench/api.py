@@ -1,0 +1,323 @@
+"""Base classes and the typed payloads that cross module boundaries.
+
+Plugins (datasets, models, defenses, attacks) subclass one of the bases here and are registered in
+`fedbench.registry`. Payloads are frozen dataclasses: `Scenario` (the FL setting of a run),
+`DatasetBundle` (tensors + metadata), `HookContext` (what a defense hook is told), `Observation`
+(what an attacker sees) and `AttackOutput` (what an attack returns, before metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from fedbench.params import NoParams, build_params, param
+
+if TYPE_CHECKING:  # heavy imports only for type checkers
+    import numpy as np
+    import torch
+    from torch import nn
+
+ObservationPoint = Literal["example", "step", "update", "aggregate", "model"]
+OBSERVATION_POINTS: tuple[str, ...] = ("example", "step", "update", "aggregate", "model")
+
+
+@dataclass(frozen=True)
+class Paper:
+    """Citation of the paper a plugin implements."""
+
+    key: str
+    title: str
+    url: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.title}" + (f" <{self.url}>" if self.url else "")
+
+
+class Plugin:
+    """Common base of every registered plugin.
+
+    Subclasses set `name` (canonical kebab-case, filled in by the register decorator), `version`
+    (bump it whenever results change: it is part of the cache key), `paper`, and a frozen `Params`
+    dataclass whose fields come from `fedbench.params.param`.
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    kind: ClassVar[str] = "plugin"
+    version: ClassVar[str] = "1"
+    paper: ClassVar[Paper | None] = None
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, params: Any = None):
+        if params is None or isinstance(params, dict):
+            params = build_params(f"{self.kind} '{self.name}'", self.Params, params)
+        self.params = params
+
+    @classmethod
+    def make_params(cls, raw: dict[str, Any] | None) -> Any:
+        return build_params(f"{cls.kind} '{cls.name}'", cls.Params, raw)
+
+    @classmethod
+    def summary(cls) -> str:
+        doc = (cls.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+    def check(self, scenario: Scenario) -> str | None:
+        """Return a reason to skip this plugin in `scenario`, or None when it applies."""
+        return None
+
+
+# ----------------------------------------------------------------------------------------- scenario
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The FL setting of one run. Every field is part of the run's cache key."""
+
+    protocol: Literal["fedsgd", "fedavg"] = param("fedavg", "FedSGD (one gradient per round) or FedAvg")
+    clients: int = param(10, "number of clients K", min=1)
+    partition: Literal["iid", "dirichlet", "shards", "natural"] = param("iid", "how the train set is split")
+    alpha: float = param(0.5, "Dirichlet concentration (partition=dirichlet)", min=0, min_open=True)
+    shards_per_client: int = param(2, "label-sorted shards per client (partition=shards)", min=1)
+    rounds: int = param(5, "communication rounds T", min=1)
+    participation: float = param(1.0, "fraction of clients per round", min=0, max=1, min_open=True)
+    local_epochs: int = param(1, "local epochs (fedavg, when local_steps=0)", min=1)
+    local_steps: int = param(0, "local steps per round (fedavg); 0 = use local_epochs", min=0)
+    batch_size: int = param(32, "client batch size; 0 = all local data", min=0)
+    lr: float = param(0.1, "client learning rate", min=0, min_open=True)
+    server_lr: float = param(1.0, "server learning rate on the averaged update", min=0, min_open=True)
+    loss: Literal["ce", "mse"] = param("ce", "training loss (mse uses one-hot targets)")
+    model_mode: Literal["train", "eval"] = param("train", "model mode while clients compute gradients")
+    observe_round: int = param(0, "round at which the attacker observes", min=0)
+    victim: int = param(0, "index of the observed client", min=0)
+    eval_every: int = param(1, "evaluate the global model every N rounds", min=1)
+    train_size: int = param(0, "use only the first N training examples; 0 = all", min=0)
+    test_size: int = param(0, "use only the first N test examples; 0 = all", min=0)
+
+    def validate(self) -> str | None:
+        if self.victim >= self.clients:
+            return f"victim={self.victim} must be < clients={self.clients}"
+        if self.observe_round >= self.rounds:
+            return f"observe_round={self.observe_round} must be < rounds={self.rounds}"
+        return None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> Scenario:
+        return build_params("scenario", cls, raw)
+
+    def replace(self, **changes: Any) -> Scenario:
+        return dataclasses.replace(self, **changes)
+
+
+# ------------------------------------------------------------------------------------------ datasets
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What a model, a defense or a metric needs to know about a dataset."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    modality: Literal["image", "tabular", "audio"]
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    class_names: tuple[str, ...] = ()
+    attribute_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    source: str = ""
+    license: str = ""
+
+    @property
+    def is_image(self) -> bool:
+        return self.modality == "image"
+
+
+@dataclass(frozen=True)
+class DatasetBundle:
+    """A loaded dataset: float features (normalised), int64 labels, optional attributes and group ids.
+
+    `x_*` are normalised with `meta.mean/std` for images (de-normalise with `denormalize`);
+    `attr_*` map a sensitive attribute name to an int64 tensor aligned with `x_*`;
+    `groups_train` holds natural client ids (writer, identity) when the dataset has them.
+    """
+
+    meta: DatasetMeta
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    attr_train: dict[str, torch.Tensor] = field(default_factory=dict)
+    attr_test: dict[str, torch.Tensor] = field(default_factory=dict)
+    groups_train: torch.Tensor | None = None
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Map normalised images back to [0, 1] pixel space (identity for non-images)."""
+        if not self.meta.mean:
+            return x
+        import torch
+
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        mean = torch.tensor(self.meta.mean, dtype=x.dtype, device=x.device).view(shape)
+        std = torch.tensor(self.meta.std, dtype=x.dtype, device=x.device).view(shape)
+        return x * std + mean
+
+
+class Dataset(Plugin):
+    """A dataset plugin: `load` returns a `DatasetBundle`."""
+
+    kind = "dataset"
+    needs_root: ClassVar[bool] = False
+
+    def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
+        raise NotImplementedError
+
+
+class Model(Plugin):
+    """A model plugin: `build` returns a torch module for any input shape and class count."""
+
+    kind = "model"
+
+    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------------------------------ defenses
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """What a defense hook is told about where it is called.
+
+    `generator` is a torch.Generator seeded from (run seed, round, client, hook), so noise is
+    reproducible and independent between clients and rounds.
+    """
+
+    round: int
+    client: int
+    step: int
+    scenario: Scenario
+    generator: Any
+    model: Any = None
+    meta: DatasetMeta | None = None
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """A formal privacy guarantee as reported in a result row."""
+
+    epsilon: float
+    delta: float
+    level: Literal["example", "client"]
+    accountant: str
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+
+
+class Defense(Plugin):
+    """A defense implements any subset of the hooks below; the engine calls them at fixed places.
+
+    Hooks that are not overridden are skipped by the engine (see `implements`), so a defense pays
+    only for what it uses (per-example gradients are computed only when `per_example` is overridden).
+    Gradients and updates are dicts {parameter name: tensor} in the model's parameter order.
+    """
+
+    kind = "defense"
+
+    def implements(self, hook: str) -> bool:
+        return getattr(type(self), hook) is not getattr(Defense, hook)
+
+    def prepare_data(self, x: torch.Tensor, y: torch.Tensor, ctx: HookContext) -> tuple:
+        """Once per client before training: replace its data (LODA, MixUp)."""
+        return x, y
+
+    def loss(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, base_loss: torch.Tensor, ctx: HookContext
+    ) -> torch.Tensor:
+        """Every local step: the training loss (FRL adds a regulariser)."""
+        return base_loss
+
+    def per_example(self, grads: dict[str, torch.Tensor], ctx: HookContext) -> dict[str, torch.Tensor]:
+        """Every local step, per-example gradients [B, ...] -> the batch gradient (mean over B)."""
+        return {k: g.mean(0) for k, g in grads.items()}
+
+    def step(self, grad: dict[str, torch.Tensor], ctx: HookContext) -> dict[str, torch.Tensor]:
+        """Every local step, the batch gradient."""
+        return grad
+
+    def update(self, delta: dict[str, torch.Tensor], ctx: HookContext) -> dict[str, torch.Tensor]:
+        """Once per round, the update the client shares (gradient in FedSGD, weight delta in FedAvg)."""
+        return delta
+
+    def aggregate(
+        self, updates: list[dict[str, torch.Tensor]], weights: list[float], ctx: HookContext
+    ) -> dict[str, torch.Tensor] | None:
+        """At the server: return the aggregate, or None for the plain weighted mean."""
+        return None
+
+    def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
+        """The formal guarantee of this configuration, or None for heuristic defenses."""
+        return None
+
+
+# ------------------------------------------------------------------------------------------- attacks
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the attacker sees at an observation point, plus the ground truth kept for metrics.
+
+    `shared` is the observed tensor dict (a gradient, an update or an aggregate) after the defense
+    acted; `kind` says whether it is a 'gradient' or a weight 'delta'. `global_state` is the model the
+    victim received. `x_true`/`y_true` are the victim's data behind the observation: attacks must not
+    read them (except label knowledge granted by the threat model); metrics do.
+    """
+
+    point: str
+    round: int
+    client: int
+    kind: Literal["gradient", "delta", "model"]
+    shared: dict[str, torch.Tensor]
+    global_state: dict[str, torch.Tensor]
+    x_true: torch.Tensor
+    y_true: torch.Tensor
+    lr: float
+    local_steps: int
+    batch_size: int
+    model_mode: str
+    attr_true: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AttackOutput:
+    """What an attack returns; metrics are computed from it outside the attack cache.
+
+    Arrays are numpy so the output can be cached. `images` are reconstructions in [0,1] pixel space,
+    `labels` the attack's label guesses, `scores` membership/attribute scores, `extra` anything else
+    (iterations to success, losses) as plain JSON-able values.
+    """
+
+    images: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    scores: np.ndarray | None = None
+    predictions: np.ndarray | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Attack(Plugin):
+    """An attack consumes an `Observation` and the knowledge its threat model grants."""
+
+    kind = "attack"
+    observation_point: ClassVar[str] = "step"
+    family: ClassVar[str] = "reconstruction"
+
+    def server_hook(self) -> Any:
+        """A malicious server returns an object with `broadcast(state, round) -> state`; else None."""
+        return None
+
+    def run(
+        self, observation: Observation, model: nn.Module, meta: DatasetMeta, generator: Any, device: Any
+    ) -> AttackOutput:
+        raise NotImplementedError

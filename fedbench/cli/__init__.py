@@ -1,0 +1,44 @@
+"""The `fedbench` command line: a thin Typer layer over the library (one module per command group)."""
+
+from __future__ import annotations
+
+import typer
+
+from fedbench import __version__
+from fedbench.cli.cache_cmd import cache_app
+from fedbench.cli.listing import list_cmd, show_cmd
+from fedbench.cli.running import run_cmd, validate_cmd
+
+app = typer.Typer(
+    name="fedbench",
+    help="Privacy attacks and defenses in federated learning, measured with utility.\n\n"
+    "Examples:\n\n  fedbench run            # quickstart on shipped data\n\n"
+    "  fedbench list defenses\n\n  fedbench show defense dp-gaussian",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("list")(list_cmd)
+app.command("show")(show_cmd)
+app.command("run")(run_cmd)
+app.command("validate")(validate_cmd)
+app.add_typer(cache_app, name="cache")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"fedbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Privacy attacks and defenses in federated learning, measured with utility."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,207 @@
+"""`fedbench run` and `fedbench validate`: expand a preset with overrides, run it, write results."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import typer
+
+from fedbench.cli._common import (
+    PLUGIN_HELP,
+    cache_dir_option,
+    data_root_option,
+    err,
+    handle_errors,
+    load_plugins,
+    out,
+)
+
+PRESET_HELP = "Preset name (see 'fedbench list presets') or path to a .toml file [default: quickstart]."
+
+
+def _overrides(dataset, model, defense, attack, set_, seeds):
+    from fedbench.grid import Overrides
+
+    return Overrides(
+        datasets=tuple(dataset) if dataset else None,
+        models=tuple(model) if model else None,
+        defenses=tuple(defense) if defense else None,
+        attacks=tuple(attack) if attack else None,
+        sets=tuple(set_ or ()),
+        seeds=seeds,
+    )
+
+
+@handle_errors
+def run_cmd(
+    preset: str = typer.Argument(None, help=PRESET_HELP),
+    dataset: list[str] = typer.Option(None, "-d", "--dataset", help="Dataset pattern name[k=v]; repeatable."),
+    model: list[str] = typer.Option(None, "-m", "--model", help="Model pattern; repeatable."),
+    defense: list[str] = typer.Option(
+        None, "-D", "--defense", help="Defense pattern, e.g. 'dp-gaussian[sigma=[0.01,0.1]]'; repeatable."
+    ),
+    attack: list[str] = typer.Option(None, "-a", "--attack", help="Attack pattern ('none': utility only)."),
+    set_: list[str] = typer.Option(None, "--set", help="Override, e.g. scenario.batch_size=4; repeatable."),
+    seeds: int = typer.Option(None, "--seeds", help="Number of seeds (0..N-1)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    data_root: Path = typer.Option(
+        None, "--data-root", help="Folder of full datasets [env FEDBENCH_DATA_ROOT]."
+    ),
+    download: bool = typer.Option(False, "--download", help="Download full datasets into --data-root."),
+    output: Path = typer.Option(Path("results"), "-o", "--output", help="Results directory."),
+    cache_dir: Path = typer.Option(None, "--cache-dir", help="Cache directory [env FEDBENCH_CACHE_DIR]."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
+    force: bool = typer.Option(False, "--force", help="Recompute every run and overwrite its cache entry."),
+    n_jobs: int = typer.Option(1, "--n-jobs", "-j", min=1, help="Parallel worker processes."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Expand and check the grid, run nothing."),
+    preset_dir: list[Path] = typer.Option(None, "--preset-dir", help="Extra folder of presets; repeatable."),
+    plugin: list[Path] = typer.Option(None, "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Run a grid of (dataset, model, defense, attack, seed) and print accuracy per defense.
+
+    With no arguments it runs the quickstart preset on shipped data.
+
+    Examples:
+
+      fedbench run smoke
+
+      fedbench run quickstart -D none -D "dp-gaussian[sigma=[0.001,0.01]]" --seeds 3
+
+      fedbench run my_grid.toml --set scenario.rounds=20 --data-root ~/data
+    """
+    from fedbench.cache import RunCache
+    from fedbench.grid import build_grid
+    from fedbench.runner import RunContext, check_device
+
+    load_plugins(plugin)
+    grid = build_grid(
+        preset or "quickstart",
+        _overrides(dataset, model, defense, attack, set_, seeds),
+        tuple(preset_dir or ()),
+    )
+    if dry_run:
+        _print_plan(grid)
+        return
+    ctx = RunContext(device=check_device(device), data_root=data_root_option(data_root), download=download)
+    cache = RunCache(None if no_cache else cache_dir_option(cache_dir), force=force)
+    err.print(
+        f"[bold]{grid.name}[/bold]: {len(grid.specs)} runs (device {ctx.device})"
+        + (f" — {grid.substitution}" if grid.substitution else ""),
+        highlight=False,
+    )
+    started = time.perf_counter()
+    counts: Counter = Counter()
+    rows, path = _run_with_progress(grid, ctx, cache, output, n_jobs, counts)
+    elapsed = time.perf_counter() - started
+    _print_summary(rows)
+    status = ", ".join(f"{counts[s]} {s}" for s in ("done", "cached", "skipped", "failed") if counts[s])
+    err.print(f"{len(rows)} runs in {elapsed:.1f} s ({status}); results: {path}", highlight=False)
+    for row in rows:
+        if row["status"] == "failed":
+            err.print(
+                f"[red]failed[/red] {row['run_id']} {row['defense']} {row['attack']}: {row['reason']}",
+                highlight=False,
+            )
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+def _run_with_progress(grid, ctx, cache, output, n_jobs, counts):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from fedbench.facade import execute_grid
+
+    command = "fedbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+    ]
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task(grid.name, total=len(grid.specs), status="")
+
+        def on_event(event):
+            counts[event.status] += 1
+            progress.update(
+                task, completed=event.index, status=" ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            )
+            if event.status == "failed":
+                progress.console.print(
+                    f"failed: {event.spec.describe()}: {event.row.get('reason')}", highlight=False
+                )
+
+        return execute_grid(grid, ctx, cache, output, n_jobs=n_jobs, on_event=on_event, command=command)
+
+
+def _print_summary(rows) -> None:
+    import pandas as pd
+
+    from fedbench.tables import render_rich, summary
+
+    frame = pd.DataFrame(rows)
+    table = summary(frame)
+    if len(table):
+        out.print(render_rich(table))
+
+
+def _print_plan(grid) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{grid.name}: {len(grid.specs)} runs (dry run)", title_justify="left")
+    for col in ("run_id", "dataset", "model", "defense", "attack", "seed"):
+        table.add_column(col)
+    for spec in grid.specs:
+        table.add_row(
+            spec.run_id,
+            spec.dataset.label,
+            spec.model.label,
+            spec.defense.label,
+            spec.attack.label if spec.attack else "—",
+            str(spec.seed),
+        )
+    out.print(table)
+
+
+@handle_errors
+def validate_cmd(
+    preset: str = typer.Argument(..., help=PRESET_HELP),
+    preset_dir: list[Path] = typer.Option(None, "--preset-dir", help="Extra folder of presets; repeatable."),
+    plugin: list[Path] = typer.Option(None, "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Check a preset: names, parameters, ranges and structure, without running anything.
+
+    Examples:
+
+      fedbench validate quickstart
+
+      fedbench validate path/to/grid.toml
+    """
+    from fedbench.grid import build_grid
+
+    load_plugins(plugin)
+    grid = build_grid(preset, extra_dirs=tuple(preset_dir or ()))
+    kinds = {
+        "datasets": {s.dataset.label for s in grid.specs},
+        "models": {s.model.label for s in grid.specs},
+        "defenses": {s.defense.label for s in grid.specs},
+        "attacks": {s.attack.label for s in grid.specs if s.attack},
+    }
+    detail = ", ".join(f"{len(v)} {k}" for k, v in kinds.items())
+    out.print(
+        f"{grid.source}: valid; {len(grid.specs)} runs ({detail}; seeds {list(grid.seeds)})", highlight=False
+    )

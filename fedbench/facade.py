@@ -1,0 +1,121 @@
+"""The Python API behind the CLI: run a preset and get a DataFrame; create plugins by name.
+
+>>> import fedbench
+>>> df = fedbench.run("smoke", seeds=2)
+>>> df[["defense", "test_acc"]]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedbench import __version__
+from fedbench.cache import RunCache
+from fedbench.grid import Grid, Overrides, build_grid
+from fedbench.paths import default_cache_dir
+from fedbench.results import results_path, write_results
+from fedbench.runner import RunContext, RunEvent, check_device, run_grid, torch_version
+from fedbench.spec import ComponentSpec
+
+
+def create_defense(name: str, **params: Any):
+    return ComponentSpec.resolve("defense", name, params).instantiate()
+
+
+def create_attack(name: str, **params: Any):
+    return ComponentSpec.resolve("attack", name, params).instantiate()
+
+
+def create_model(name: str, **params: Any):
+    return ComponentSpec.resolve("model", name, params).instantiate()
+
+
+def create_dataset(name: str, **params: Any):
+    return ComponentSpec.resolve("dataset", name, params).instantiate()
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Provenance of a results file; imports torch only when it is already loaded."""
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and device != "cpu" and torch.cuda.is_available()
+    return {
+        "fedbench": __version__,
+        "torch": torch_version(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "device": device,
+        "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def execute_grid(
+    grid: Grid,
+    ctx: RunContext,
+    cache: RunCache,
+    out_dir: str | Path | None,
+    n_jobs: int = 1,
+    on_event: Callable[[RunEvent], None] | None = None,
+    command: str = "",
+) -> tuple[list[dict[str, Any]], Path | None]:
+    """Run a grid and write its results (CSV + JSON sidecar) when `out_dir` is given."""
+    rows = run_grid(list(grid.specs), cache, ctx, n_jobs=n_jobs, on_event=on_event)
+    history = {}
+    for row in rows:
+        h = row.pop("_history", None)
+        if h is not None:
+            history[row["utility_id"]] = h
+    path = None
+    if out_dir is not None and rows:
+        path = results_path(out_dir, grid.name)
+        sidecar = {
+            "preset": grid.name,
+            "source": grid.source,
+            "description": grid.description,
+            "paper": grid.paper,
+            "substitution": grid.substitution,
+            "command": command,
+            "seeds": list(grid.seeds),
+            "environment": environment(ctx.device),
+            "runs": {spec.run_id: spec.key() for spec in grid.specs},
+            "history": history,
+            "reported": list(grid.reported),
+            "board": grid.board,
+        }
+        write_results(rows, sidecar, path)
+    return rows, path
+
+
+def run(
+    preset: str | Path = "quickstart",
+    *,
+    datasets=None,
+    models=None,
+    defenses=None,
+    attacks=None,
+    sets=(),
+    seeds: int | None = None,
+    device: str = "auto",
+    data_root: str | None = None,
+    cache_dir: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    n_jobs: int = 1,
+    use_cache: bool = True,
+):
+    """Run a preset (name or path) and return one row per run as a pandas DataFrame."""
+    import pandas as pd
+
+    def tup(v):
+        return tuple([v] if isinstance(v, str) else v) if v is not None else None
+
+    overrides = Overrides(tup(datasets), tup(models), tup(defenses), tup(attacks), tuple(sets), seeds)
+    grid = build_grid(preset, overrides)
+    ctx = RunContext(device=check_device(device), data_root=data_root)
+    cache = RunCache((cache_dir or default_cache_dir()) if use_cache else None)
+    rows, _ = execute_grid(grid, ctx, cache, out_dir, n_jobs=n_jobs)
+    return pd.DataFrame(rows)

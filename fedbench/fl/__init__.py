@@ -1,0 +1,1 @@
+"""The FL simulation: protocols, local training, defense hooks and observation points."""

@@ -1,0 +1,399 @@
+"""The in-process FL simulation: FedSGD / FedAvg with defense hooks and observation points.
+
+One run = one process-local loop over rounds and sampled clients (design §11: an in-process loop is
+5x faster than a framework simulation for grids of short runs). The engine calls the defense hooks
+at the fixed places of design §2 and, when asked, records one `Observation` (what the attacker sees)
+for the victim client at the observation round. A malicious server can replace the model it sends.
+
+Protocols (the message a client shares):
+- fedsgd: the gradient of the mean loss on one minibatch (batch_size; 0 = all local data) at the
+  received weights; the server applies w <- w - server_lr * lr * weighted_mean(gradients).
+- fedavg: local SGD for local_steps (or local_epochs over the local data), the shared message is the
+  weight delta w_end - w_start; the server applies w <- w + server_lr * weighted_mean(deltas).
+With one local step on the same batch and server_lr 1 the two give the same model (tested).
+Clients are weighted by their number of examples; buffers (BatchNorm statistics) are averaged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedbench.api import DatasetBundle, Defense, HookContext, Observation, Scenario
+from fedbench.errors import FedbenchError, RunFailure
+from fedbench.fl.losses import loss_function
+from fedbench.fl.per_example import per_example_grads
+from fedbench.fl.seeding import numpy_rng, torch_generator
+
+
+@dataclass(frozen=True)
+class ObservationRequest:
+    """Record what an attacker sees at `point` for client `client` in round `round`."""
+
+    point: str
+    round: int
+    client: int
+
+
+@dataclass
+class SimulationResult:
+    """Utility per evaluated round and at the end, plus the observation when one was requested."""
+
+    history: list[dict[str, float]] = field(default_factory=list)
+    test_acc: float = float("nan")
+    test_loss: float = float("nan")
+    rounds_run: int = 0
+    observation: Observation | None = None
+    client_sizes: list[int] = field(default_factory=list)
+
+
+class _Params:
+    """Ordered parameter names and helpers to move state between the model and plain dicts."""
+
+    def __init__(self, model: nn.Module):
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _clone_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    for name, t in tensors.items():
+        if not torch.isfinite(t).all():
+            raise RunFailure(f"non-finite values in {name} {where}")
+
+
+def fast_float_mode() -> None:
+    """Flush denormal floats to zero (process-wide).
+
+    Tiny gradient values of small networks fall into the denormal range, where x86 CPUs are up to
+    100x slower (measured: an MLP FedAvg run on mnist5k took 97 s instead of 1.4 s, with identical
+    accuracies). Flushing them changes no result we report.
+    """
+    torch.set_flush_denormal(True)
+
+
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_name: str, batch_size: int = 1024
+) -> tuple[float, float]:
+    """Accuracy and mean loss of `model` on (x, y) in eval mode."""
+    loss_fn = loss_function(loss_name)
+    model.eval()
+    correct, total_loss = 0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+            out = model(xb)
+            total_loss += float(loss_fn(out, yb)) * len(xb)
+            correct += int((out.argmax(1) == yb).sum())
+    n = max(1, len(x))
+    return correct / n, total_loss / n
+
+
+class Simulation:
+    """One FL run. Construct, then call `run()`; everything is deterministic from `seed`."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        bundle: DatasetBundle,
+        model_factory: Callable[[], nn.Module],
+        defense: Defense,
+        seed: int,
+        device: torch.device | str = "cpu",
+        observe: ObservationRequest | None = None,
+        server_hook: Any = None,
+        stop_after_observation: bool = False,
+    ):
+        from fedbench.data.partition import partition
+
+        fast_float_mode()
+        self.sc = scenario
+        self.defense = defense
+        self.seed = seed
+        self.device = torch.device(device)
+        self.observe = observe
+        self.server_hook = server_hook
+        self.stop_after_observation = stop_after_observation
+        self.loss_fn = loss_function(scenario.loss)
+        self.meta = bundle.meta
+
+        n_train = scenario.train_size or len(bundle.y_train)
+        n_test = scenario.test_size or len(bundle.y_test)
+        self.x_train = bundle.x_train[:n_train].to(self.device)
+        self.y_train = bundle.y_train[:n_train].to(self.device)
+        self.x_test = bundle.x_test[:n_test].to(self.device)
+        self.y_test = bundle.y_test[:n_test].to(self.device)
+        self.attr_train = {k: v[:n_train] for k, v in bundle.attr_train.items()}
+        groups = bundle.groups_train[:n_train].numpy() if bundle.groups_train is not None else None
+        if scenario.clients > n_train:
+            raise FedbenchError(
+                f"scenario.clients={scenario.clients} exceeds the {n_train} training examples; "
+                "lower clients or raise train_size"
+            )
+        self.client_indices = partition(
+            self.y_train.cpu().numpy(),
+            scenario.clients,
+            scenario.partition,
+            seed=seed,
+            alpha=scenario.alpha,
+            shards_per_client=scenario.shards_per_client,
+            groups=groups,
+        )
+
+        torch.manual_seed(seed)
+        self.model = model_factory().to(self.device)
+        self.param_names = _Params(self.model).names
+        self.global_state = _clone_state(self.model)
+        self._client_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._needs_per_example = defense.implements("per_example")
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _ctx(self, rnd: int, client: int, step: int, purpose: str) -> HookContext:
+        return HookContext(
+            round=rnd,
+            client=client,
+            step=step,
+            scenario=self.sc,
+            generator=torch_generator(self.seed, purpose, rnd, client, step),
+            model=self.model,
+            meta=self.meta,
+        )
+
+    def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's (possibly defense-prepared) local data, prepared once."""
+        if client not in self._client_data:
+            idx = torch.as_tensor(self.client_indices[client], device=self.device)
+            x, y = self.x_train[idx], self.y_train[idx]
+            if self.defense.implements("prepare_data"):
+                x, y = self.defense.prepare_data(x, y, self._ctx(-1, client, 0, "prepare"))
+            self._client_data[client] = (x, y)
+        return self._client_data[client]
+
+    def _batches(self, client: int, rnd: int, n: int, epoch: int = 0) -> list[torch.Tensor]:
+        """Index batches of one client's epoch: a seeded shuffle cut into batch_size pieces."""
+        rng = numpy_rng(self.seed, "batches", rnd, client, epoch)
+        order = torch.as_tensor(rng.permutation(n), device=self.device)
+        bs = self.sc.batch_size or n
+        return [order[i : i + bs] for i in range(0, n, bs)]
+
+    def _participants(self, rnd: int) -> list[int]:
+        k = self.sc.clients
+        m = max(1, round(self.sc.participation * k))
+        if m >= k:
+            chosen = list(range(k))
+        else:
+            chosen = sorted(numpy_rng(self.seed, "participants", rnd).choice(k, m, replace=False).tolist())
+        obs = self.observe
+        if obs is not None and obs.round == rnd and obs.client not in chosen:
+            chosen[-1] = obs.client  # the observed victim always takes part in the observed round
+            chosen.sort()
+        return chosen
+
+    def _set_mode(self) -> None:
+        self.model.train(self.sc.model_mode == "train")
+
+    def _gradient(
+        self, x: torch.Tensor, y: torch.Tensor, ctx: HookContext, want_examples: bool
+    ) -> tuple[dict[str, torch.Tensor], float, dict | None]:
+        """Batch gradient of the (possibly defense-modified) loss, through the per-example hook if any."""
+        params = dict(self.model.named_parameters())
+        examples = None
+        if self._needs_per_example or want_examples:
+            examples = per_example_grads(self.model, x, y, self.loss_fn)
+        if self._needs_per_example:
+            grad = self.defense.per_example(examples, ctx)
+            with torch.no_grad():
+                loss = float(self.loss_fn(self.model(x), y))
+        else:
+            out = self.model(x)
+            loss_t = self.loss_fn(out, y)
+            if self.defense.implements("loss"):
+                loss_t = self.defense.loss(self.model, x, y, loss_t, ctx)
+            grads = torch.autograd.grad(loss_t, [params[n] for n in self.param_names], allow_unused=True)
+            grad = {
+                n: (g if g is not None else torch.zeros_like(params[n]))
+                for n, g in zip(self.param_names, grads, strict=True)
+            }
+            loss = float(loss_t.detach())
+        if not math.isfinite(loss):
+            raise RunFailure(f"training diverged: non-finite loss in round {ctx.round}, client {ctx.client}")
+        return grad, loss, examples
+
+    # ------------------------------------------------------------------------------- local training
+    def local_update(
+        self, client: int, rnd: int, received: dict[str, torch.Tensor]
+    ) -> tuple[dict, int, float]:
+        """Run one client's round; returns (shared message, number of examples, mean local loss)."""
+        x, y = self.client_data(client)
+        self.model.load_state_dict(received)
+        self._set_mode()
+        obs = self.observe
+        watching = obs is not None and obs.round == rnd and obs.client == client
+        batches = self._batches(client, rnd, len(y))
+        if self.sc.protocol == "fedsgd":
+            steps = 1
+        elif self.sc.local_steps:
+            steps = self.sc.local_steps
+        else:
+            steps = self.sc.local_epochs * len(batches)
+        losses, seen = [], []
+        params = dict(self.model.named_parameters())
+        for step in range(steps):
+            if step and step % len(batches) == 0:  # next epoch: a fresh shuffle
+                batches = self._batches(client, rnd, len(y), epoch=step // len(batches))
+            idx = batches[step % len(batches)]
+            seen.append(idx)
+            ctx = self._ctx(rnd, client, step, "step")
+            want_example = watching and obs.point == "example" and step == 0
+            grad, loss, examples = self._gradient(x[idx], y[idx], ctx, want_example)
+            if want_example:
+                one = {k: v[:1] for k, v in examples.items()}
+                leaked = self.defense.per_example(one, self._ctx(rnd, client, step, "example"))
+                self._record("example", rnd, client, leaked, "gradient", received, x[idx[:1]], y[idx[:1]])
+            if self.defense.implements("step"):
+                grad = self.defense.step(grad, ctx)
+            if watching and obs.point == "step" and step == 0:
+                self._record("step", rnd, client, grad, "gradient", received, x[idx], y[idx])
+            losses.append(loss)
+            if self.sc.protocol == "fedsgd":
+                shared = grad
+                break
+            with torch.no_grad():
+                for n in self.param_names:
+                    params[n].sub_(grad[n], alpha=self.sc.lr)
+        if self.sc.protocol == "fedavg":
+            shared = {n: (params[n].detach() - received[n]).clone() for n in self.param_names}
+        if self.defense.implements("update"):
+            shared = self.defense.update(shared, self._ctx(rnd, client, 0, "update"))
+        _check_finite(shared, f"of client {client}'s update in round {rnd}")
+        if watching and obs.point == "update":
+            used = torch.unique(torch.cat(seen))
+            kind = "gradient" if self.sc.protocol == "fedsgd" else "delta"
+            self._record("update", rnd, client, shared, kind, received, x[used], y[used], steps)
+        self._last_buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
+        return shared, len(y), sum(losses) / len(losses)
+
+    def _record(
+        self,
+        point: str,
+        rnd: int,
+        client: int,
+        shared: dict,
+        kind: str,
+        received: dict,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        steps: int = 1,
+    ) -> None:
+        idx = torch.as_tensor(self.client_indices[client])
+        self.observation = Observation(
+            point=point,
+            round=rnd,
+            client=client,
+            kind=kind,
+            shared={k: v.detach().clone() for k, v in shared.items()},
+            global_state={k: v.detach().clone() for k, v in received.items()},
+            x_true=x.detach().clone(),
+            y_true=y.detach().clone(),
+            lr=self.sc.lr,
+            local_steps=steps,
+            batch_size=self.sc.batch_size or len(y),
+            model_mode=self.sc.model_mode,
+            attr_true={k: v[idx] for k, v in self.attr_train.items()} if point != "example" else {},
+        )
+
+    # --------------------------------------------------------------------------------------- server
+    def _aggregate(self, updates: list[dict], weights: list[float], rnd: int) -> dict[str, torch.Tensor]:
+        if self.defense.implements("aggregate"):
+            agg = self.defense.aggregate(updates, weights, self._ctx(rnd, -1, 0, "aggregate"))
+            if agg is not None:
+                return agg
+        total = float(sum(weights))
+        return {
+            n: sum(u[n] * (w / total) for u, w in zip(updates, weights, strict=True))
+            for n in self.param_names
+        }
+
+    def run(self) -> SimulationResult:
+        result = SimulationResult(client_sizes=[len(ix) for ix in self.client_indices])
+        self.observation = None
+        for rnd in range(self.sc.rounds):
+            sent = self.global_state
+            if self.server_hook is not None:
+                sent = self.server_hook.broadcast({k: v.clone() for k, v in sent.items()}, rnd)
+            updates, weights, buffers, losses = [], [], [], []
+            for client in self._participants(rnd):
+                shared, n, loss = self.local_update(client, rnd, sent)
+                updates.append(shared)
+                weights.append(float(n))
+                buffers.append(self._last_buffers)
+                losses.append(loss)
+            agg = self._aggregate(updates, weights, rnd)
+            if self.observe is not None and self.observe.point == "aggregate" and self.observe.round == rnd:
+                self._record(
+                    "aggregate",
+                    rnd,
+                    -1,
+                    agg,
+                    "gradient" if self.sc.protocol == "fedsgd" else "delta",
+                    sent,
+                    self.x_train[:0],
+                    self.y_train[:0],
+                )
+            self._apply(agg, buffers, weights)
+            result.rounds_run = rnd + 1
+            if self.stop_after_observation and self.observation is not None:
+                result.observation = self.observation
+                return result
+            last = rnd == self.sc.rounds - 1
+            if last or (rnd + 1) % self.sc.eval_every == 0:
+                self.model.load_state_dict(self.global_state)
+                acc, loss = evaluate(self.model, self.x_test, self.y_test, self.sc.loss)
+                result.history.append(
+                    {
+                        "round": rnd + 1,
+                        "test_acc": acc,
+                        "test_loss": loss,
+                        "train_loss": sum(losses) / len(losses),
+                    }
+                )
+        result.test_acc = result.history[-1]["test_acc"]
+        result.test_loss = result.history[-1]["test_loss"]
+        if self.observe is not None and self.observe.point == "model":
+            self.model.load_state_dict(self.global_state)
+            self.observation = Observation(
+                point="model",
+                round=self.sc.rounds,
+                client=-1,
+                kind="model",
+                shared={},
+                global_state=_clone_state(self.model),
+                x_true=self.x_train,
+                y_true=self.y_train,
+                lr=self.sc.lr,
+                local_steps=0,
+                batch_size=self.sc.batch_size,
+                model_mode="eval",
+            )
+        result.observation = self.observation
+        return result
+
+    def _apply(self, agg: dict[str, torch.Tensor], buffers: list[dict], weights: list[float]) -> None:
+        new = dict(self.global_state)
+        scale = -self.sc.server_lr * self.sc.lr if self.sc.protocol == "fedsgd" else self.sc.server_lr
+        for n in self.param_names:
+            new[n] = self.global_state[n] + scale * agg[n]
+        total = float(sum(weights))
+        for name in buffers[0] if buffers else ():
+            if buffers[0][name].is_floating_point():
+                new[name] = sum(b[name] * (w / total) for b, w in zip(buffers, weights, strict=True))
+            else:
+                new[name] = buffers[0][name]
+        self.global_state = new

@@ -1,0 +1,313 @@
+"""Presets (TOML) and CLI overrides -> the list of `RunSpec`s of a grid.
+
+A preset has a `[grid]` table (name, description, paper, seeds, substitution, optional `extends`),
+a `[scenario]` table (a list value sweeps), and `[[dataset]]`, `[[model]]`, `[[defense]]`,
+`[[attack]]` blocks with a `name` and `params` whose list values sweep as a cartesian product
+(a list is one value for a list-typed parameter; a list of lists sweeps it). `[[reported]]` rows
+carry a paper's own numbers. Everything is validated before any run: unknown names and
+parameters, bad ranges and malformed files fail with the file and table named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from fedbench.api import Scenario
+from fedbench.errors import FedbenchError, SpecError, UnknownNameError
+from fedbench.params import is_sequence_param
+from fedbench.patterns import parse_assignment, parse_pattern
+from fedbench.registry import registry_for
+from fedbench.spec import ComponentSpec, RunSpec
+
+COMPONENTS = ("dataset", "model", "defense", "attack")
+_TOP_LEVEL = {"grid", "scenario", "reported", *COMPONENTS}
+_GRID_KEYS = {"name", "description", "paper", "seeds", "substitution", "extends", "full_data", "board"}
+_BLOCK_KEYS = {"name", "params", "datasets", "models"}
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line changes to a preset; None leaves the preset's choice."""
+
+    datasets: tuple[str, ...] | None = None
+    models: tuple[str, ...] | None = None
+    defenses: tuple[str, ...] | None = None
+    attacks: tuple[str, ...] | None = None
+    sets: tuple[str, ...] = ()
+    seeds: int | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An expanded grid: its metadata and run specs, in a stable order."""
+
+    name: str
+    description: str
+    source: str
+    specs: tuple[RunSpec, ...]
+    paper: str = ""
+    substitution: str = ""
+    seeds: tuple[int, ...] = (0,)
+    reported: tuple[dict[str, Any], ...] = ()
+    board: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------ presets
+
+
+def builtin_preset_dir() -> Path:
+    return Path(str(resources.files("fedbench._presets")))
+
+
+def _preset_dirs(extra: tuple[str | Path, ...] = ()) -> list[Path]:
+    return [Path(d) for d in extra] + [builtin_preset_dir()]
+
+
+def list_presets(extra_dirs: tuple[str | Path, ...] = ()) -> list[tuple[str, Path, str]]:
+    """(name, path, description) of every preset; earlier directories shadow later ones."""
+    seen: dict[str, tuple[str, Path, str]] = {}
+    for d in _preset_dirs(extra_dirs):
+        for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
+            if path.stem in seen:
+                continue
+            try:
+                desc = _read_toml(path).get("grid", {}).get("description", "")
+            except FedbenchError as exc:
+                desc = f"(invalid: {exc})"
+            seen[path.stem] = (path.stem, path, str(desc))
+    return [seen[k] for k in sorted(seen)]
+
+
+def find_preset(name_or_path: str, extra_dirs: tuple[str | Path, ...] = ()) -> Path:
+    """A preset file by path (`x.toml`, `dir/x.toml`) or by name in the preset directories."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise SpecError(f"preset file {name_or_path} does not exist; give an existing .toml path")
+        return path
+    for d in _preset_dirs(extra_dirs):
+        path = d / f"{name_or_path}.toml"
+        if path.is_file():
+            return path
+    names = [n for n, _, _ in list_presets(extra_dirs)]
+    hint = difflib.get_close_matches(name_or_path, names, n=1)
+    more = f"did you mean '{hint[0]}'? " if hint else ""
+    raise UnknownNameError(f"unknown preset '{name_or_path}'; {more}(presets: {', '.join(names)})")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: invalid TOML: {exc}") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def load_preset(path: Path, extra_dirs: tuple[str | Path, ...] = ()) -> dict[str, Any]:
+    """Read and structurally validate a preset, resolving one level of `extends`."""
+    data = _read_toml(path)
+    _check_structure(data, path)
+    base_name = data.get("grid", {}).get("extends")
+    if base_name:
+        base_path = find_preset(str(base_name), (path.parent, *extra_dirs))
+        if base_path.resolve() == path.resolve():
+            raise SpecError(f"{path}: [grid] extends itself")
+        base = _read_toml(base_path)
+        _check_structure(base, base_path)
+        if base.get("grid", {}).get("extends"):
+            raise SpecError(f"{path}: [grid] extends '{base_name}', which extends again; at most one level")
+        merged = {k: v for k, v in base.items()}
+        merged["grid"] = {**base.get("grid", {}), **data.get("grid", {})}
+        merged["grid"].pop("extends", None)
+        merged["scenario"] = {**base.get("scenario", {}), **data.get("scenario", {})}
+        for key in (*COMPONENTS, "reported"):
+            if key in data:
+                merged[key] = data[key]
+        data = merged
+    return data
+
+
+def _check_structure(data: dict[str, Any], path: Path) -> None:
+    for key in data:
+        if key not in _TOP_LEVEL:
+            hint = difflib.get_close_matches(key, sorted(_TOP_LEVEL), n=1)
+            more = f"; did you mean '{hint[0]}'?" if hint else ""
+            raise SpecError(f"{path}: unknown table [{key}]{more}")
+    grid = data.get("grid", {})
+    if not isinstance(grid, dict):
+        raise SpecError(f"{path}: [grid] must be a table")
+    for key in grid:
+        if key not in _GRID_KEYS:
+            raise SpecError(f"{path}: [grid] has unknown key '{key}' (keys: {', '.join(sorted(_GRID_KEYS))})")
+    if not isinstance(data.get("scenario", {}), dict):
+        raise SpecError(f"{path}: [scenario] must be a table")
+    for kind in COMPONENTS:
+        blocks = data.get(kind, [])
+        if not isinstance(blocks, list):
+            raise SpecError(f"{path}: [{kind}] must be an array of tables: write [[{kind}]]")
+        for i, block in enumerate(blocks):
+            where = f"{path}: [[{kind}]] #{i + 1}"
+            if not isinstance(block, dict):
+                raise SpecError(f"{where}: must be a table")
+            if "name" not in block or not isinstance(block["name"], str):
+                raise SpecError(f'{where}: needs name = "..."')
+            for key in block:
+                if key not in _BLOCK_KEYS:
+                    raise SpecError(f"{where}: unknown key '{key}' (keys: {', '.join(sorted(_BLOCK_KEYS))})")
+            if not isinstance(block.get("params", {}), dict):
+                raise SpecError(f"{where}: params must be a table, e.g. params = {{ sigma = 0.1 }}")
+    reported = data.get("reported", [])
+    if not isinstance(reported, list) or not all(isinstance(r, dict) for r in reported):
+        raise SpecError(f"{path}: [reported] must be written [[reported]]")
+
+
+# ---------------------------------------------------------------------------------------- expansion
+
+
+def _sweep(kind: str, name: str, params: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """Expand list-valued params into the cartesian product of single-valued dicts."""
+    try:
+        plugin = registry_for(kind).get(name)
+    except FedbenchError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+    fields = {f.name for f in dataclasses.fields(plugin.Params)}
+    axes: list[list[tuple[str, Any]]] = []
+    for key, value in params.items():
+        if key in fields and is_sequence_param(plugin.Params, key):
+            sweeps = isinstance(value, list) and value and all(isinstance(v, list) for v in value)
+        else:
+            sweeps = isinstance(value, list)
+        if sweeps and not value:
+            raise SpecError(f"{where}: parameter '{key}' sweeps over an empty list")
+        axes.append([(key, v) for v in value] if sweeps else [(key, value)])
+    return [dict(combo) for combo in itertools.product(*axes)] if axes else [{}]
+
+
+def _components(kind: str, blocks: list[dict[str, Any]], source: str) -> list[tuple[ComponentSpec, dict]]:
+    out = []
+    for i, block in enumerate(blocks):
+        where = f"{source}: [[{kind}]] #{i + 1} '{block['name']}'"
+        for params in _sweep(kind, block["name"], block.get("params", {}), where):
+            try:
+                comp = ComponentSpec.resolve(kind, block["name"], params)
+            except FedbenchError as exc:
+                raise type(exc)(f"{where}: {exc}") from None
+            out.append((comp, block))
+    return out
+
+
+def _pattern_blocks(patterns: tuple[str, ...]) -> list[dict[str, Any]]:
+    blocks = []
+    for text in patterns:
+        name, params = parse_pattern(text)
+        blocks.append({"name": name, "params": params})
+    return blocks
+
+
+def _scenarios(values: dict[str, Any], source: str) -> list[Scenario]:
+    fields = {f.name for f in dataclasses.fields(Scenario)}
+    for key in values:
+        if key not in fields:
+            hint = difflib.get_close_matches(key, sorted(fields), n=1)
+            more = f"did you mean '{hint[0]}'? " if hint else ""
+            raise UnknownNameError(f"{source}: [scenario] unknown key '{key}'; {more}")
+    axes = [[(k, x) for x in v] if isinstance(v, list) else [(k, v)] for k, v in values.items()]
+    out = []
+    for combo in itertools.product(*axes):
+        try:
+            out.append(Scenario.from_dict(dict(combo)))
+        except FedbenchError as exc:
+            raise type(exc)(f"{source}: [scenario]: {exc}") from None
+    return out
+
+
+def _seeds(value: Any, source: str) -> tuple[int, ...]:
+    if isinstance(value, bool):
+        raise SpecError(f"{source}: [grid] seeds must be a count or a list of integers")
+    if isinstance(value, int):
+        if value < 1:
+            raise SpecError(f"{source}: [grid] seeds must be >= 1; got {value}")
+        return tuple(range(value))
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+    ):
+        return tuple(value)
+    raise SpecError(f"{source}: [grid] seeds must be a count or a list of integers; got {value!r}")
+
+
+def build_grid(
+    preset: str | Path | None, overrides: Overrides = Overrides(), extra_dirs: tuple[str | Path, ...] = ()
+) -> Grid:
+    """Resolve, validate and expand a preset (by name or path) with CLI overrides."""
+    path = find_preset(str(preset or "quickstart"), extra_dirs)
+    data = load_preset(path, extra_dirs)
+    source = str(path)
+    meta = data.get("grid", {})
+    scenario_values = dict(data.get("scenario", {}))
+    seeds_value = meta.get("seeds", 1)
+    for text in overrides.sets:
+        keys, value = parse_assignment(text)
+        if keys[0] == "scenario" and len(keys) == 2:
+            scenario_values[keys[1]] = value
+        elif keys == ["grid", "seeds"]:
+            seeds_value = value
+        else:
+            raise SpecError(
+                f"--set {text!r}: only scenario.<key> and grid.seeds can be set; "
+                "use -d/-m/-D/-a for components"
+            )
+    if overrides.seeds is not None:
+        if overrides.seeds < 1:
+            raise SpecError(f"--seeds {overrides.seeds}: must be >= 1")
+        seeds_value = overrides.seeds
+    seeds = _seeds(seeds_value, source)
+    scenarios = _scenarios(scenario_values, source)
+
+    def blocks(kind: str, override: tuple[str, ...] | None) -> list[dict[str, Any]]:
+        return _pattern_blocks(override) if override is not None else list(data.get(kind, []))
+
+    datasets = _components("dataset", blocks("dataset", overrides.datasets), source)
+    models = _components("model", blocks("model", overrides.models), source)
+    defenses = _components("defense", blocks("defense", overrides.defenses) or [{"name": "none"}], source)
+    attack_blocks = blocks("attack", overrides.attacks)
+    attack_blocks = [b for b in attack_blocks if b["name"] != "none"]
+    attacks: list[tuple[ComponentSpec | None, dict]] = list(_components("attack", attack_blocks, source))
+    if not attacks:
+        attacks = [(None, {})]
+    if not datasets:
+        raise SpecError(f"{source}: no [[dataset]] given; add one or pass -d NAME")
+    if not models:
+        raise SpecError(f"{source}: no [[model]] given; add one or pass -m NAME")
+
+    specs = []
+    for (ds, _), (md, mblock), sc, (df, _), (at, _), seed in itertools.product(
+        datasets, models, scenarios, defenses, attacks, seeds
+    ):
+        allowed = mblock.get("datasets")
+        if allowed and ds.name not in {registry_for("dataset").canonical(a) for a in allowed}:
+            continue
+        specs.append(RunSpec(ds, md, df, at, sc, seed, preset=str(meta.get("name", path.stem))))
+    unique = list(dict.fromkeys(specs))
+    return Grid(
+        name=str(meta.get("name", path.stem)),
+        description=str(meta.get("description", "")),
+        source=source,
+        specs=tuple(unique),
+        paper=str(meta.get("paper", "")),
+        substitution=str(meta.get("substitution", "")),
+        seeds=seeds,
+        reported=tuple(data.get("reported", [])),
+        board=dict(meta.get("board", {})),
+    )

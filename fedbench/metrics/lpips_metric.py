@@ -1,0 +1,171 @@
+"""LPIPS (Zhang et al., 2018) through the `lpips` package, with real backbone weights only.
+
+The `lpips` package ships its calibrated linear heads (`lpips/weights/v0.1/<net>.pth`), but its trunk
+is torchvision's ImageNet AlexNet / VGG16 / SqueezeNet 1.1, which `lpips` 0.1.4 obtains by calling
+`torchvision.models.alexnet(pretrained=True)`; that downloads the weights on first use. fedbench never
+lets it download, and never scores with a randomly initialised trunk: the trunk weights must already
+sit in the torch hub cache, `torch.hub.get_dir()/checkpoints/<file>` (i.e. `$TORCH_HOME/hub/checkpoints`),
+under the file name torchvision gives them (for example `alexnet-owt-7be5be79.pth`). On a connected
+machine, `torchvision.models.alexnet(weights="IMAGENET1K_V1")` puts it there; offline, copy it there.
+
+When the file is missing, `lpips_available` says so and `get_lpips` returns None without importing
+or constructing anything from `lpips`. When it is present, the `LPIPS` module is built with a random
+trunk (`pnet_rand=True`, which never touches the network) and the trunk is immediately overwritten
+from the cached file, strictly (every backbone tensor must be in the file with the right shape), so a
+distance is only ever computed with the ImageNet trunk. Nothing is imported or loaded at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# Trunk weights file per `lpips` net name, as torchvision 0.28 names them (the basename of
+# `AlexNet_Weights.IMAGENET1K_V1.url`, `VGG16_Weights.IMAGENET1K_V1.url`,
+# `SqueezeNet1_1_Weights.IMAGENET1K_V1.url`; checked by the tests).
+BACKBONE_FILES: dict[str, str] = {
+    "alex": "alexnet-owt-7be5be79.pth",
+    "vgg": "vgg16-397923af.pth",
+    "squeeze": "squeezenet1_1-b8a52dc0.pth",
+}
+# torchvision builder per net name (its `features` module is what lpips slices).
+_TV_BUILDERS: dict[str, str] = {"alex": "alexnet", "vgg": "vgg16", "squeeze": "squeezenet1_1"}
+
+# Images whose shorter side is below this are upsampled (bilinear) before LPIPS: AlexNet's
+# conv(11, stride 4) + two 3x3/2 max-pools need at least 31 px to produce a non-empty feature map.
+MIN_SIDE = 32
+
+LpipsFn = Callable[[Any, Any], np.ndarray]
+
+_cache: dict[tuple[str, str], Any] = {}
+_lock = threading.Lock()
+
+
+def backbone_path(net: str = "alex") -> str:
+    """Where the trunk weights of `net` must be: `torch.hub.get_dir()/checkpoints/<torchvision file>`."""
+    if net not in BACKBONE_FILES:
+        raise ValueError(f"LPIPS net {net!r} is not one of {sorted(BACKBONE_FILES)}")
+    import torch
+
+    return os.path.join(torch.hub.get_dir(), "checkpoints", BACKBONE_FILES[net])
+
+
+def lpips_available(net: str = "alex") -> tuple[bool, str]:
+    """Whether real LPIPS(`net`) can be computed here, and a one-line reason when it cannot.
+
+    Looks only at the file system (and whether `lpips` is installed); builds nothing.
+    """
+    path = backbone_path(net)
+    if not os.path.isfile(path):
+        return False, (
+            f"LPIPS unavailable: backbone weights {BACKBONE_FILES[net]} not in {os.path.dirname(path)}; "
+            "place them there (they download on a connected machine)"
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("lpips") is None:
+        return False, "LPIPS unavailable: the 'lpips' package is not installed (pip install lpips)"
+    return True, f"LPIPS ({net}, v0.1) with backbone weights from {path}"
+
+
+def _build(net: str, path: str) -> Any:
+    """The `lpips.LPIPS` module with its trunk loaded from `path` (never downloaded, never random)."""
+    import torch
+
+    from fedbench._compat import import_torchvision
+
+    tv = import_torchvision()  # lpips imports torchvision at module level
+    import lpips
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    reference = getattr(tv.models, _TV_BUILDERS[net])(weights=None)
+    try:
+        reference.load_state_dict(state)
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"LPIPS backbone weights {path} do not fit torchvision {_TV_BUILDERS[net]}: {err}"
+        ) from err
+    with warnings.catch_warnings():  # lpips passes torchvision's deprecated `pretrained=False`
+        warnings.simplefilter("ignore", UserWarning)
+        model = lpips.LPIPS(net=net, version="0.1", pnet_rand=True, verbose=False)
+    # lpips slices `features` into slice1..sliceK whose children are named by their features index.
+    for slice_name, part in model.net.named_children():
+        if not slice_name.startswith("slice"):
+            continue
+        for idx, module in part.named_children():
+            module.load_state_dict(reference.features[int(idx)].state_dict(), strict=True)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _as_tensor(x: Any) -> Any:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float32)
+    return torch.as_tensor(np.asarray(x), dtype=torch.float32)
+
+
+def _prepare(x: Any, name: str) -> Any:
+    import torch.nn.functional as F
+
+    if x.dim() != 4:
+        raise ValueError(f"LPIPS {name} must be [N, C, H, W], got shape {tuple(x.shape)}")
+    c = x.shape[1]
+    if c == 1:
+        x = x.repeat(1, 3, 1, 1)
+    elif c != 3:
+        raise ValueError(f"LPIPS {name} must have 1 or 3 channels, got {c}")
+    h, w = x.shape[2:]
+    if min(h, w) < MIN_SIDE:
+        scale = MIN_SIDE / min(h, w)
+        size = (max(MIN_SIDE, int(np.ceil(h * scale))), max(MIN_SIDE, int(np.ceil(w * scale))))
+        x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    return x * 2.0 - 1.0  # lpips expects [-1, 1]
+
+
+def get_lpips(net: str = "alex", device: Any = "cpu", batch_size: int = 64) -> LpipsFn | None:
+    """A per-image LPIPS distance function, or None when `lpips_available(net)` is False.
+
+    The function takes `(true, rec)`, each [N, C, H, W] in [0, 1] (numpy or torch, C = 1 or 3) and
+    returns a float64 numpy array of N distances (lower = more similar = more leakage). Grayscale images
+    are repeated to 3 channels, and images whose shorter side is below 32 px are upsampled bilinearly so
+    that the shorter side is 32 px (AlexNet needs >= 31 px); LPIPS of upsampled 8x8 or 28x28 images is
+    therefore only comparable with LPIPS computed at the same resolution. The module is built once per
+    (net, weights file) and process.
+    """
+    ok, _ = lpips_available(net)
+    if not ok:
+        return None
+    path = backbone_path(net)
+    with _lock:
+        key = (net, path)
+        if key not in _cache:
+            _cache[key] = _build(net, path)
+        model = _cache[key]
+
+    def lpips_distance(true: Any, rec: Any) -> np.ndarray:
+        import torch
+
+        a, b = _as_tensor(true), _as_tensor(rec)
+        if a.shape != b.shape:
+            raise ValueError(f"LPIPS inputs differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+        a, b = _prepare(a, "true"), _prepare(b, "rec")
+        out = []
+        m = model.to(device)
+        with torch.no_grad():
+            for i in range(0, a.shape[0], batch_size):
+                d = m(a[i : i + batch_size].to(device), b[i : i + batch_size].to(device))
+                out.append(d.reshape(-1).double().cpu())
+        if not out:
+            return np.zeros(0, dtype=np.float64)
+        return torch.cat(out).numpy()
+
+    return lpips_distance

@@ -1,0 +1,417 @@
+"""Image reconstruction metrics: MSE, PSNR, SSIM, LPIPS, one-to-one matching, label recovery.
+
+Conventions (design §6, anchors §6.2 item 7):
+
+- Images are [N, C, H, W] float arrays in [0, 1] pixel space (after de-normalisation); numpy or torch.
+- PSNR = 10 log10(data_range^2 / MSE) per image, capped at `cap` (default 100 dB); identical images
+  (MSE == 0) score exactly the cap instead of +inf, so means stay finite.
+- SSIM is scikit-image's `structural_similarity` with its defaults (uniform 7x7 window, K1=0.01,
+  K2=0.03, sample covariance, data_range=1, mean over channels for C > 1), computed vectorised with
+  `scipy.ndimage.uniform_filter`; images smaller than 7 px use the largest odd window that fits
+  (5 for 5x5), and images below 3 px are rejected. Matches skimage within 1e-10.
+- A batch of reconstructions is matched to the true images one-to-one by
+  `scipy.optimize.linear_sum_assignment` on the pairwise MSE matrix (minimum total MSE) before scoring,
+  so scores do not depend on the order in which an attack returns its images.
+- Direction: higher PSNR / SSIM = more leakage; lower MSE / LPIPS = more leakage. The `*_worst`
+  summary columns are the worst case for privacy (the best-reconstructed image).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+# Scores given to a true image that no reconstruction was matched to (fewer reconstructions than true
+# images). They are the "nothing leaked" end of each scale for images in [0, 1]: MSE 1 (the largest
+# possible), PSNR 0 dB (= MSE 1), SSIM 0 (no structural correlation), LPIPS 1 (the nominal maximum).
+UNMATCHED_SCORES: dict[str, float] = {"psnr": 0.0, "ssim": 0.0, "mse": 1.0, "lpips": 1.0}
+
+SUMMARY_KEYS: tuple[str, ...] = (
+    "psnr",
+    "psnr_worst",
+    "ssim",
+    "ssim_worst",
+    "mse",
+    "mse_worst",
+    "lpips",
+    "lpips_worst",
+    "label_acc",
+    "label_acc_matched",
+    "recovered",
+)
+# +1: a higher value means more leakage; -1: a lower value means more leakage.
+LEAKAGE_DIRECTION: dict[str, int] = {"psnr": 1, "ssim": 1, "mse": -1, "lpips": -1}
+
+
+# ------------------------------------------------------------------------------------------- inputs
+
+
+def _to_numpy(x: Any, name: str) -> np.ndarray:
+    if x is None:
+        raise ValueError(f"{name} is None")
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
+        x = x.detach().cpu()
+        x = (x.double() if x.is_floating_point() else x).numpy()  # bfloat16 has no numpy dtype
+    arr = np.asarray(x)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"{name} must be a numeric array, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def _images(x: Any, name: str) -> np.ndarray:
+    arr = _to_numpy(x, name)
+    if arr.ndim != 4:
+        raise ValueError(
+            f"{name} must be a batch of images [N, C, H, W], got shape {tuple(arr.shape)}"
+            + ("; add a batch axis with x[None]" if arr.ndim == 3 else "")
+        )
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or inf values")
+    return arr
+
+
+def _pair(true: Any, rec: Any) -> tuple[np.ndarray, np.ndarray]:
+    t, r = _images(true, "true"), _images(rec, "rec")
+    if t.shape != r.shape:
+        raise ValueError(f"true and rec must have the same shape, got {tuple(t.shape)} and {tuple(r.shape)}")
+    return t, r
+
+
+# ------------------------------------------------------------------------------------ per-image scores
+
+
+def mse(true: Any, rec: Any) -> np.ndarray:
+    """Mean squared error per image, [N] (lower = closer = more leakage)."""
+    t, r = _pair(true, rec)
+    return ((t - r) ** 2).reshape(t.shape[0], -1).mean(axis=1)
+
+
+def psnr(true: Any, rec: Any, cap: float = 100.0, data_range: float = 1.0) -> np.ndarray:
+    """Peak signal-to-noise ratio in dB per image, [N] (higher = more leakage).
+
+    PSNR = 10 log10(data_range^2 / MSE), then min(PSNR, cap). The cap (default 100 dB) is what identical
+    images (MSE == 0) score. Equals `skimage.metrics.peak_signal_noise_ratio(t, r, data_range=...)` below
+    the cap.
+    """
+    if cap <= 0:
+        raise ValueError(f"psnr cap must be > 0, got {cap}")
+    if data_range <= 0:
+        raise ValueError(f"psnr data_range must be > 0, got {data_range}")
+    err = mse(true, rec)
+    out = np.full(err.shape, float(cap))
+    pos = err > 0
+    out[pos] = np.minimum(10.0 * np.log10(data_range**2 / err[pos]), cap)
+    return out
+
+
+def ssim_window(height: int, width: int) -> int:
+    """The SSIM window: 7 (skimage's default), or the largest odd size <= the shorter side if smaller."""
+    side = min(height, width)
+    if side < 3:
+        raise ValueError(f"SSIM needs images of at least 3x3 pixels, got {height}x{width}")
+    return 7 if side >= 7 else (side if side % 2 == 1 else side - 1)
+
+
+def ssim(true: Any, rec: Any, data_range: float = 1.0, win_size: int | None = None) -> np.ndarray:
+    """Structural similarity per image, [N] (higher = more leakage; 1 for identical images).
+
+    Equals `skimage.metrics.structural_similarity(t, r, data_range=data_range, win_size=w,
+    channel_axis=0)` for C > 1 (and without channel_axis on the [H, W] image for C == 1): uniform window,
+    sample covariance, K1=0.01, K2=0.03, the window border cropped, then the mean over pixels and
+    channels. `w` defaults to `ssim_window(H, W)` (7, smaller for tiny images).
+    """
+    from scipy.ndimage import uniform_filter
+
+    t, r = _pair(true, rec)
+    n, c, h, w = t.shape
+    win = ssim_window(h, w) if win_size is None else int(win_size)
+    if win < 3 or win % 2 == 0 or win > min(h, w):
+        raise ValueError(f"SSIM win_size must be odd, >= 3 and <= the shorter image side, got {win}")
+    if n == 0:
+        return np.zeros(0)
+
+    def filt(a: np.ndarray) -> np.ndarray:
+        return uniform_filter(a, size=(1, 1, win, win))
+
+    np_ = win**2
+    cov_norm = np_ / (np_ - 1)
+    ux, uy = filt(t), filt(r)
+    uxx, uyy, uxy = filt(t * t), filt(r * r), filt(t * r)
+    vx = cov_norm * (uxx - ux * ux)
+    vy = cov_norm * (uyy - uy * uy)
+    vxy = cov_norm * (uxy - ux * uy)
+    c1 = (0.01 * data_range) ** 2
+    c2 = (0.03 * data_range) ** 2
+    s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux**2 + uy**2 + c1) * (vx + vy + c2))
+    pad = (win - 1) // 2
+    s = s[:, :, pad : h - pad, pad : w - pad]
+    return s.reshape(n, -1).mean(axis=1)
+
+
+# ------------------------------------------------------------------------------------------ matching
+
+
+def pairwise_mse(true: Any, rec: Any) -> np.ndarray:
+    """[N, M] matrix of MSE between every true image and every reconstruction."""
+    t, r = _images(true, "true"), _images(rec, "rec")
+    if t.shape[1:] != r.shape[1:]:
+        raise ValueError(
+            "true and rec images must have the same [C, H, W], "
+            f"got {tuple(t.shape[1:])} and {tuple(r.shape[1:])}"
+        )
+    tf = t.reshape(t.shape[0], -1)
+    rf = r.reshape(r.shape[0], -1)
+    d = tf.shape[1]
+    sq = (tf**2).sum(1)[:, None] + (rf**2).sum(1)[None, :] - 2.0 * tf @ rf.T
+    return np.maximum(sq, 0.0) / max(d, 1)
+
+
+def match(true: Any, rec: Any, cost: Literal["mse"] = "mse") -> np.ndarray:
+    """One-to-one assignment of reconstructions to true images (Hungarian, minimum total MSE).
+
+    Returns an int64 array of length N (one entry per true image): the index in `rec` of the matched
+    reconstruction, or -1 when the true image is unmatched. With M reconstructions and N true images,
+    min(M, N) pairs are formed: if M > N the attacker's best N guesses are kept (the conservative choice
+    for privacy); if M < N, N - M true images stay unmatched and score as `UNMATCHED_SCORES`.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    if cost != "mse":
+        raise ValueError(f"match cost must be 'mse', got {cost!r}")
+    c = pairwise_mse(true, rec)
+    out = np.full(c.shape[0], -1, dtype=np.int64)
+    if c.size:
+        rows, cols = linear_sum_assignment(c)
+        out[rows] = cols
+    return out
+
+
+# -------------------------------------------------------------------------------------------- labels
+
+
+def _labels(y: Any, name: str) -> np.ndarray:
+    arr = _to_numpy(y, name)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of class labels, got shape {tuple(arr.shape)}")
+    if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+        raise ValueError(f"{name} must hold integer class labels")
+    return arr.astype(np.int64)
+
+
+def label_accuracy(y_true: Any, y_pred: Any) -> float:
+    """Order-independent label recovery: sum over classes of min(count_true, count_pred) / N.
+
+    Batch label-recovery attacks (iDLG/LLG style, from the last layer's gradient) return the labels of
+    a batch as an unordered multiset with no link to individual images, so the labels are compared as
+    multisets: e.g. true [1, 1, 2] vs predicted [2, 1, 3] recovers 2 of 3. Extra predicted labels do
+    not help (N is the number of true labels); a missing prediction counts as wrong.
+    """
+    t, p = _labels(y_true, "y_true"), _labels(y_pred, "y_pred")
+    if t.size == 0:
+        raise ValueError("y_true is empty")
+    tv, tc = np.unique(t, return_counts=True)
+    pv, pc = np.unique(p, return_counts=True)
+    _, it, ip = np.intersect1d(tv, pv, assume_unique=True, return_indices=True)
+    return float(np.minimum(tc[it], pc[ip]).sum() / t.size)
+
+
+def matched_label_accuracy(y_true: Any, y_pred: Any, assignment: np.ndarray) -> float:
+    """Exact per-image label accuracy after matching: y_pred[j] is the label of reconstruction j.
+
+    `assignment` comes from `match`; an unmatched true image (-1) counts as wrong.
+    """
+    t, p = _labels(y_true, "y_true"), _labels(y_pred, "y_pred")
+    a = np.asarray(assignment, dtype=np.int64)
+    if a.shape != t.shape:
+        raise ValueError(f"assignment has shape {a.shape}, y_true has {t.shape}")
+    if a.size and a.max() >= p.size:
+        raise ValueError(f"y_pred has {p.size} labels but the assignment refers to reconstruction {a.max()}")
+    ok = (a >= 0) & (p[np.clip(a, 0, None)] == t) if p.size else np.zeros(a.shape, bool)
+    return float(ok.mean()) if t.size else 0.0
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+
+def _mean(x: np.ndarray | None) -> float | None:
+    return None if x is None or x.size == 0 else float(np.mean(x))
+
+
+def _best(x: np.ndarray | None, direction: int) -> float | None:
+    if x is None or x.size == 0:
+        return None
+    return float(np.max(x) if direction > 0 else np.min(x))
+
+
+@dataclass(frozen=True, eq=False)
+class ReconstructionScores:
+    """Per-image scores of one batch, aligned with the true images (index i = true image i).
+
+    `assignment[i]` is the reconstruction matched to true image i (-1: unmatched). `lpips` is None
+    when no LPIPS function was given (unavailable); the image arrays are None when the attack returned
+    no images (label-only attack).
+    """
+
+    assignment: np.ndarray | None
+    psnr: np.ndarray | None
+    ssim: np.ndarray | None
+    mse: np.ndarray | None
+    lpips: np.ndarray | None
+    label_acc: float | None = None
+    label_acc_matched: float | None = None
+    psnr_cap: float = 100.0
+    success_psnr: float | None = None
+
+    @property
+    def n(self) -> int:
+        return 0 if self.psnr is None else int(self.psnr.size)
+
+    def summary(self) -> dict[str, float | None]:
+        """Mean and worst case (max leakage) per metric, label accuracy and the recovered share.
+
+        Keys (`SUMMARY_KEYS`): psnr, psnr_worst (max), ssim, ssim_worst (max), mse, mse_worst (min),
+        lpips, lpips_worst (min), label_acc (multiset), label_acc_matched (per image, only when labels
+        are aligned with the reconstructions), recovered (share of true images with PSNR >=
+        success_psnr). A value is None when it cannot be computed (no LPIPS, no labels, no threshold).
+        """
+        recovered = None
+        if self.success_psnr is not None and self.psnr is not None and self.psnr.size:
+            recovered = float(np.mean(self.psnr >= self.success_psnr))
+        return {
+            "psnr": _mean(self.psnr),
+            "psnr_worst": _best(self.psnr, LEAKAGE_DIRECTION["psnr"]),
+            "ssim": _mean(self.ssim),
+            "ssim_worst": _best(self.ssim, LEAKAGE_DIRECTION["ssim"]),
+            "mse": _mean(self.mse),
+            "mse_worst": _best(self.mse, LEAKAGE_DIRECTION["mse"]),
+            "lpips": _mean(self.lpips),
+            "lpips_worst": _best(self.lpips, LEAKAGE_DIRECTION["lpips"]),
+            "label_acc": self.label_acc,
+            "label_acc_matched": self.label_acc_matched,
+            "recovered": recovered,
+        }
+
+    def per_image(self) -> dict[str, list]:
+        """JSON-able per-image values: index, match (-1 unmatched), psnr, ssim, mse, lpips (None if n/a)."""
+        n = self.n
+
+        def col(x: np.ndarray | None) -> list:
+            return [None] * n if x is None else [float(v) for v in x]
+
+        return {
+            "index": list(range(n)),
+            "match": [] if self.assignment is None else [int(v) for v in self.assignment],
+            "psnr": col(self.psnr),
+            "ssim": col(self.ssim),
+            "mse": col(self.mse),
+            "lpips": col(self.lpips),
+        }
+
+
+def score_reconstruction(
+    true: Any,
+    rec: Any | None,
+    y_true: Any | None = None,
+    y_pred: Any | None = None,
+    psnr_cap: float = 100.0,
+    success_psnr: float | None = None,
+    lpips_fn: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+    labels_aligned: bool = False,
+    range_tol: float = 1e-4,
+) -> ReconstructionScores:
+    """Match `rec` [M, C, H, W] to `true` [N, C, H, W] (both in [0, 1]) and score every true image.
+
+    `rec=None` scores labels only. `lpips_fn(true_matched, rec_matched) -> [K]` is e.g.
+    `fedbench.metrics.lpips_metric.get_lpips()`; None leaves LPIPS empty. Labels: `label_acc` is the
+    multiset accuracy of `y_pred` vs `y_true`; when `labels_aligned` (y_pred[j] is the label the attack
+    gave reconstruction j), `label_acc_matched` is the exact accuracy after matching. Values outside
+    [0, 1] by more than `range_tol` are an error (clamp reconstructions to [0, 1]); smaller excursions
+    (rounding after de-normalisation) are clipped.
+    """
+    t = _images(true, "true")
+    if t.shape[0] == 0:
+        raise ValueError("true holds no images")
+    if t.min() < -range_tol or t.max() > 1 + range_tol:
+        raise ValueError(
+            "true images must be in [0, 1] pixel space (de-normalise first), "
+            f"got range [{t.min():.4g}, {t.max():.4g}]"
+        )
+    t = np.clip(t, 0.0, 1.0)
+    assignment = psnr_v = ssim_v = mse_v = lpips_v = None
+    if rec is not None:
+        r = _images(rec, "rec")
+        if r.shape[1:] != t.shape[1:]:
+            raise ValueError(
+                f"rec images are {tuple(r.shape[1:])} but true images are {tuple(t.shape[1:])} ([C, H, W])"
+            )
+        if r.size and (r.min() < -range_tol or r.max() > 1 + range_tol):
+            raise ValueError(
+                f"rec images must be in [0, 1] (clamp the reconstruction), "
+                f"got range [{r.min():.4g}, {r.max():.4g}]"
+            )
+        r = np.clip(r, 0.0, 1.0)
+        assignment = match(t, r)
+        m = assignment >= 0
+        tm, rm = t[m], r[assignment[m]]
+        psnr_v = np.full(t.shape[0], UNMATCHED_SCORES["psnr"])
+        ssim_v = np.full(t.shape[0], UNMATCHED_SCORES["ssim"])
+        mse_v = np.full(t.shape[0], UNMATCHED_SCORES["mse"])
+        if m.any():
+            psnr_v[m] = psnr(tm, rm, cap=psnr_cap)
+            ssim_v[m] = ssim(tm, rm)
+            mse_v[m] = mse(tm, rm)
+        if lpips_fn is not None:
+            lpips_v = np.full(t.shape[0], UNMATCHED_SCORES["lpips"])
+            if m.any():
+                d = np.asarray(lpips_fn(tm, rm), dtype=np.float64).reshape(-1)
+                if d.shape[0] != int(m.sum()):
+                    raise ValueError(f"lpips_fn returned {d.shape[0]} values for {int(m.sum())} image pairs")
+                lpips_v[m] = d
+    label_acc = label_acc_matched = None
+    if y_true is not None and y_pred is not None:
+        yt = _labels(y_true, "y_true")
+        if yt.size != t.shape[0]:
+            raise ValueError(f"y_true has {yt.size} labels for {t.shape[0]} true images")
+        label_acc = label_accuracy(yt, y_pred)
+        if labels_aligned:
+            if assignment is None:
+                raise ValueError("labels_aligned needs reconstructed images to align the labels with")
+            yp = _labels(y_pred, "y_pred")
+            if yp.size != r.shape[0]:
+                raise ValueError(
+                    f"labels_aligned: y_pred has {yp.size} labels for {r.shape[0]} reconstructions"
+                )
+            label_acc_matched = matched_label_accuracy(yt, yp, assignment)
+    return ReconstructionScores(
+        assignment=assignment,
+        psnr=psnr_v,
+        ssim=ssim_v,
+        mse=mse_v,
+        lpips=lpips_v,
+        label_acc=label_acc,
+        label_acc_matched=label_acc_matched,
+        psnr_cap=psnr_cap,
+        success_psnr=success_psnr,
+    )
+
+
+def random_baseline(true: Any, seed: int | Any = 0, psnr_cap: float = 100.0) -> dict[str, float | None]:
+    """Scores of uniform random images in [0, 1] against `true`, scored exactly like an attack's output.
+
+    One random image per true image, matched and scored by `score_reconstruction`; returns the mean and
+    worst-case columns for psnr, ssim and mse (a floor for reports: an attack at this level leaked nothing).
+    `seed` is an int, a `numpy.random.Generator` or a `torch.Generator`.
+    """
+    t = _images(true, "true")
+    if hasattr(seed, "manual_seed"):  # torch.Generator
+        import torch
+
+        rand = torch.rand(tuple(t.shape), generator=seed, dtype=torch.float64).numpy()
+    else:
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        rand = rng.random(t.shape)
+    s = score_reconstruction(t, rand, psnr_cap=psnr_cap).summary()
+    return {k: s[k] for k in ("psnr", "psnr_worst", "ssim", "ssim_worst", "mse", "mse_worst")}

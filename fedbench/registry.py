@@ -1,0 +1,216 @@
+"""Plugin registries: registration by decorator, lookup by name or alias, patterns, plugin loading.
+
+There is one `Registry` per plugin kind (datasets, models, defenses, attacks). Built-in plugins are
+imported explicitly by `load_builtins`; third-party plugins come from the `fedbench.plugins` entry
+point group or from a file given with `--plugin path.py` (the only way fedbench loads code from a
+path). A plugin module that fails to import is recorded as unavailable with its error; it never
+breaks `fedbench list`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from fedbench.errors import FedbenchError, UnknownNameError
+
+T = TypeVar("T")
+
+_BUILTIN_MODULES = (
+    "fedbench.data.shipped",
+    "fedbench.data.adult",
+    "fedbench.data.local",
+    "fedbench.models.mlp",
+    "fedbench.models.convnets",
+    "fedbench.models.resnet",
+    "fedbench.defenses.basic",
+    "fedbench.defenses.dp",
+    "fedbench.defenses.sparsification",
+    "fedbench.attacks.gradient_matching",
+    "fedbench.attacks.inverting_gradients",
+)
+ENTRY_POINT_GROUP = "fedbench.plugins"
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A plugin source (module, entry point or file) that failed to load, with its error."""
+
+    source: str
+    error: str
+
+
+class Registry(Generic[T]):
+    """Name -> plugin class for one kind, with aliases, fnmatch patterns and did-you-mean errors."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, type[T]] = {}
+        self._aliases: dict[str, str] = {}
+
+    def register(self, name: str, *aliases: str) -> Callable[[type[T]], type[T]]:
+        """Class decorator: `@register_defense("dp-gaussian", "dpg")`."""
+
+        def deco(cls: type[T]) -> type[T]:
+            for key in (name, *aliases):
+                if key in self._items or key in self._aliases:
+                    existing = self._aliases.get(key, key)
+                    if self._items.get(existing) is not cls:
+                        raise ValueError(f"{self.kind} name or alias '{key}' is already registered")
+            cls.name = name  # type: ignore[attr-defined]
+            cls.aliases = tuple(aliases)  # type: ignore[attr-defined]
+            self._items[name] = cls
+            for alias in aliases:
+                self._aliases[alias] = name
+            return cls
+
+        return deco
+
+    def canonical(self, name: str) -> str:
+        """The canonical name for a name or alias; UnknownNameError with a suggestion otherwise."""
+        load_builtins()
+        if name in self._items:
+            return name
+        if name in self._aliases:
+            return self._aliases[name]
+        candidates = list(self._items) + list(self._aliases)
+        hint = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
+        more = f"did you mean '{hint[0]}'? " if hint else ""
+        listing = f"run 'fedbench list {self.kind}s' to see all"
+        bad = _unavailable_for(name)
+        if bad:
+            listing = f"it failed to load: {bad.error}"
+        raise UnknownNameError(f"unknown {self.kind} '{name}'; {more}({listing})")
+
+    def get(self, name: str) -> type[T]:
+        return self._items[self.canonical(name)]
+
+    def __contains__(self, name: str) -> bool:
+        load_builtins()
+        return name in self._items or name in self._aliases
+
+    def names(self) -> list[str]:
+        load_builtins()
+        return sorted(self._items)
+
+    def list(self, pattern: str | None = None) -> list[type[T]]:
+        """Plugins whose name or an alias matches the fnmatch `pattern` (all when None)."""
+        load_builtins()
+        out = []
+        for name in sorted(self._items):
+            cls = self._items[name]
+            keys = (name, *getattr(cls, "aliases", ()))
+            if pattern is None or any(fnmatch.fnmatchcase(k, pattern) for k in keys):
+                out.append(cls)
+        return out
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin (used by tests that register temporary plugins)."""
+        cls = self._items.pop(name, None)
+        for alias in getattr(cls, "aliases", ()):
+            self._aliases.pop(alias, None)
+
+
+datasets: Registry = Registry("dataset")
+models: Registry = Registry("model")
+defenses: Registry = Registry("defense")
+attacks: Registry = Registry("attack")
+REGISTRIES: dict[str, Registry] = {
+    "dataset": datasets,
+    "model": models,
+    "defense": defenses,
+    "attack": attacks,
+}
+
+register_dataset = datasets.register
+register_model = models.register
+register_defense = defenses.register
+register_attack = attacks.register
+
+_unavailable: list[Unavailable] = []
+_loaded = False
+
+
+def registry_for(kind: str) -> Registry:
+    """The registry of a kind, accepting plurals ('defenses')."""
+    key = kind[:-1] if kind.endswith("s") and kind[:-1] in REGISTRIES else kind
+    if key not in REGISTRIES:
+        hint = difflib.get_close_matches(key, list(REGISTRIES), n=1)
+        more = f"; did you mean '{hint[0]}'?" if hint else ""
+        raise UnknownNameError(f"unknown plugin kind '{kind}'{more} (kinds: {', '.join(REGISTRIES)})")
+    return REGISTRIES[key]
+
+
+def unavailable() -> list[Unavailable]:
+    """Plugin sources that failed to import, with their errors."""
+    load_builtins()
+    return list(_unavailable)
+
+
+def _unavailable_for(name: str) -> Unavailable | None:
+    for item in _unavailable:
+        if item.source.endswith(name) or name in item.source:
+            return item
+    return None
+
+
+def _short_error(exc: BaseException) -> str:
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return last
+
+
+def load_builtins() -> None:
+    """Import the built-in plugin modules and the entry-point plugins once."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in _BUILTIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a broken plugin is listed, never fatal
+            _unavailable.append(Unavailable(module, _short_error(exc)))
+    _load_entry_points()
+
+
+def _load_entry_points() -> None:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:
+            _unavailable.append(Unavailable(f"entry point {ep.name} ({ep.value})", _short_error(exc)))
+
+
+def load_plugin_file(path: str | Path) -> None:
+    """Import a plugin file given with `--plugin`; its decorators register its plugins.
+
+    A missing file is a usage error; a file that raises while importing is recorded as unavailable
+    (and listed by `fedbench list`) so the rest of fedbench keeps working.
+    """
+    load_builtins()
+    path = Path(path)
+    if not path.is_file():
+        raise FedbenchError(f"--plugin {path}: no such file; pass the path of a Python file")
+    mod_name = f"fedbench_plugin_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+    if mod_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise FedbenchError(f"--plugin {path}: not a Python file; pass a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        _unavailable.append(Unavailable(f"plugin file {path}", _short_error(exc)))

@@ -1,0 +1,132 @@
+"""The results schema: one row per run, read/write/merge, and the newest-file lookup.
+
+Column groups, in order: identity, scenario, `p_<kind>_<param>` parameters, privacy metrics,
+utility, epsilon, cost, status, provenance. A results file is a CSV plus a JSON sidecar (same stem)
+holding the expanded grid, the environment and per-round / per-image detail. Files are written
+atomically (temporary file, then rename) and named `<preset>-<UTC timestamp>.csv` so the newest is
+easy to find; numbers stay numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fedbench.errors import FedbenchError
+
+IDENTITY = [
+    "run_id",
+    "utility_id",
+    "preset",
+    "dataset",
+    "model",
+    "defense",
+    "attack",
+    "defense_name",
+    "attack_name",
+    "seed",
+]
+UTILITY = ["test_acc", "test_loss"]
+EPSILON = ["epsilon", "delta", "dp_level", "accountant"]
+COST = ["seconds", "utility_seconds", "attack_seconds", "peak_rss_mb"]
+STATUS = ["status", "from_cache", "reason"]
+PROVENANCE = ["fedbench_version", "torch_version", "device", "created_at"]
+SCENARIO_PREFIX = "sc_"
+
+
+def order_columns(columns: list[str]) -> list[str]:
+    """Schema order: identity, scenario, params, metrics, utility, epsilon, cost, status, provenance."""
+    fixed = set(IDENTITY + UTILITY + EPSILON + COST + STATUS + PROVENANCE)
+    scenario = sorted(c for c in columns if c.startswith(SCENARIO_PREFIX))
+    params = sorted(c for c in columns if c.startswith("p_"))
+    metrics = [c for c in columns if c not in fixed and not c.startswith((SCENARIO_PREFIX, "p_"))]
+    tail = UTILITY + EPSILON + COST + STATUS + PROVENANCE
+    return (
+        [c for c in IDENTITY if c in columns]
+        + scenario
+        + params
+        + metrics
+        + [c for c in tail if c in columns]
+    )
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def results_path(out_dir: str | Path, preset: str, when: datetime | None = None) -> Path:
+    when = when or datetime.now(timezone.utc)
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in preset) or "results"
+    return Path(out_dir) / f"{safe}-{when.strftime('%Y%m%d-%H%M%S')}.csv"
+
+
+def write_results(rows: list[dict[str, Any]], sidecar: dict[str, Any], path: Path) -> Path:
+    """Write the CSV and its JSON sidecar atomically; returns the CSV path."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    frame = frame[order_columns(list(frame.columns))]
+    _atomic_write(path, frame.to_csv(index=False))
+    _atomic_write(
+        path.with_suffix(".json"), json.dumps(sidecar, indent=1, sort_keys=True, default=_json_default)
+    )
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def newest_results(out_dir: str | Path) -> Path:
+    """The most recently written results CSV in `out_dir`."""
+    out = Path(out_dir)
+    files = (
+        sorted(
+            (p for p in out.glob("*.csv") if p.with_suffix(".json").exists()), key=lambda p: p.stat().st_mtime
+        )
+        if out.is_dir()
+        else []
+    )
+    if not files:
+        raise FedbenchError(f"no results in {out}; run 'fedbench run' first or pass a results file")
+    return files[-1]
+
+
+def read_results(path: str | Path):
+    """Load a results CSV as a DataFrame, checking it is a fedbench results file."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FedbenchError(f"results file {path} does not exist; pass a CSV written by 'fedbench run'")
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise FedbenchError(
+            f"{path}: not a readable CSV ({type(exc).__name__}); "
+            "pass a results file written by 'fedbench run'"
+        ) from None
+    missing = [c for c in ("run_id", "defense", "status") if c not in frame.columns]
+    if missing:
+        raise FedbenchError(f"{path}: not a fedbench results file (missing columns: {', '.join(missing)})")
+    return frame

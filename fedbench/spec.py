@@ -1,0 +1,126 @@
+"""Run specifications and their cache keys.
+
+A `RunSpec` is one point of a grid: (scenario, dataset, model, defense, attack, seed). Its key is
+the canonical JSON (sorted keys, resolved defaults, canonical names, plugin versions) and the first
+16 hex digits of its SHA-256 are the `run_id`. The utility part of a run is keyed without the
+attack, so every attack of a grid cell shares one FL training run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedbench.api import Scenario
+from fedbench.params import params_to_dict
+from fedbench.registry import registry_for
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """A resolved plugin choice: canonical name, validated params, version, and which were given."""
+
+    kind: str
+    name: str
+    params: tuple[tuple[str, Any], ...]
+    version: str
+    given: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def resolve(cls, kind: str, name: str, raw: dict[str, Any] | None = None) -> ComponentSpec:
+        """Look the plugin up (did-you-mean on typos) and validate its params."""
+        plugin = registry_for(kind).get(name)
+        params = plugin.make_params(raw)
+        items = tuple(sorted(params_to_dict(params).items()))
+        return cls(kind, plugin.name, _freeze(items), plugin.version, tuple(sorted(raw or {})))
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return {k: _thaw(v) for k, v in self.params}
+
+    @property
+    def label(self) -> str:
+        """`dp-gaussian[sigma=0.01]`: the name with the parameters the grid set explicitly."""
+        shown = [(k, v) for k, v in self.params if k in self.given]
+        if not shown:
+            return self.name
+        return f"{self.name}[{','.join(f'{k}={_fmt(_thaw(v))}' for k, v in shown)}]"
+
+    def key(self) -> dict[str, Any]:
+        return {"name": self.name, "params": self.params_dict, "version": self.version}
+
+    def instantiate(self) -> Any:
+        plugin = registry_for(self.kind).get(self.name)
+        return plugin(plugin.make_params(self.params_dict))
+
+
+def _freeze(items: Any) -> Any:
+    if isinstance(items, list):
+        return tuple(_freeze(x) for x in items)
+    if isinstance(items, tuple):
+        return tuple(_freeze(x) for x in items)
+    return items
+
+
+def _thaw(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_thaw(x) for x in v]
+    return v
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One grid point. `preset` is provenance only: it is not part of the key."""
+
+    dataset: ComponentSpec
+    model: ComponentSpec
+    defense: ComponentSpec
+    attack: ComponentSpec | None
+    scenario: Scenario
+    seed: int
+    preset: str = field(default="", compare=False)
+
+    def utility_key(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset.key(),
+            "model": self.model.key(),
+            "defense": self.defense.key(),
+            "scenario": params_to_dict(self.scenario),
+            "seed": self.seed,
+            "schema": 1,
+        }
+
+    def key(self) -> dict[str, Any]:
+        out = self.utility_key()
+        out["attack"] = self.attack.key() if self.attack else None
+        return out
+
+    @property
+    def run_id(self) -> str:
+        return short_hash(canonical_json(self.key()))
+
+    @property
+    def utility_id(self) -> str:
+        return short_hash(canonical_json(self.utility_key()))
+
+    def describe(self) -> str:
+        attack = self.attack.label if self.attack else "-"
+        return f"{self.dataset.label}/{self.model.label} {self.defense.label} x {attack} seed={self.seed}"
