@@ -90,6 +90,9 @@ class Scenario:
     server_lr: float = param(1.0, "server learning rate on the averaged update", min=0, min_open=True)
     loss: Literal["ce", "mse"] = param("ce", "training loss (mse uses one-hot targets)")
     model_mode: Literal["train", "eval"] = param("train", "model mode while clients compute gradients")
+    observe: Literal["default", "example", "step", "update", "aggregate", "model"] = param(
+        "default", "observation point of the attack (default: the attack's own, usually update)"
+    )
     observe_round: int = param(0, "round at which the attacker observes", min=0)
     victim: int = param(0, "index of the observed client", min=0)
     eval_every: int = param(1, "evaluate the global model every N rounds", min=1)
@@ -310,8 +313,13 @@ class Attack(Plugin):
     """An attack consumes an `Observation` and the knowledge its threat model grants."""
 
     kind = "attack"
-    observation_point: ClassVar[str] = "step"
+    observation_point: ClassVar[str] = "update"
+    accepted_points: ClassVar[tuple[str, ...]] = ("update",)
     family: ClassVar[str] = "reconstruction"
+
+    def point_for(self, scenario: Scenario) -> str:
+        """The observation point this attack reads in `scenario` (scenario.observe overrides)."""
+        return self.observation_point if scenario.observe == "default" else scenario.observe
 
     def server_hook(self) -> Any:
         """A malicious server returns an object with `broadcast(state, round) -> state`; else None."""

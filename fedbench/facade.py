@@ -65,11 +65,14 @@ def execute_grid(
 ) -> tuple[list[dict[str, Any]], Path | None]:
     """Run a grid and write its results (CSV + JSON sidecar) when `out_dir` is given."""
     rows = run_grid(list(grid.specs), cache, ctx, n_jobs=n_jobs, on_event=on_event)
-    history = {}
+    history, per_image = {}, {}
     for row in rows:
         h = row.pop("_history", None)
         if h is not None:
             history[row["utility_id"]] = h
+        p = row.pop("_per_image", None)
+        if p is not None:
+            per_image[row["run_id"]] = p
     path = None
     if out_dir is not None and rows:
         path = results_path(out_dir, grid.name)
@@ -84,6 +87,7 @@ def execute_grid(
             "environment": environment(ctx.device),
             "runs": {spec.run_id: spec.key() for spec in grid.specs},
             "history": history,
+            "per_image": per_image,
             "reported": list(grid.reported),
             "board": grid.board,
         }

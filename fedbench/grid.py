@@ -3,7 +3,8 @@
 A preset has a `[grid]` table (name, description, paper, seeds, substitution, optional `extends`),
 a `[scenario]` table (a list value sweeps), and `[[dataset]]`, `[[model]]`, `[[defense]]`,
 `[[attack]]` blocks with a `name` and `params` whose list values sweep as a cartesian product
-(a list is one value for a list-typed parameter; a list of lists sweeps it). `[[reported]]` rows
+(a list is one value for a list-typed parameter; a list of lists sweeps it). A model block may
+restrict itself to `datasets = [...]`, an attack block to `models = [...]` and `datasets = [...]`. `[[reported]]` rows
 carry a paper's own numbers. Everything is validated before any run: unknown names and
 parameters, bad ranges and malformed files fail with the file and table named.
 """
@@ -247,6 +248,15 @@ def _seeds(value: Any, source: str) -> tuple[int, ...]:
     raise SpecError(f"{source}: [grid] seeds must be a count or a list of integers; got {value!r}")
 
 
+def _allowed(names: list[str] | None, name: str, kind: str, source: str) -> bool:
+    """A block's optional `datasets = [...]` / `models = [...]` restriction."""
+    if not names:
+        return True
+    if not isinstance(names, list):
+        raise SpecError(f"{source}: '{kind}s' restriction must be a list of names")
+    return name in {registry_for(kind).canonical(n) for n in names}
+
+
 def build_grid(
     preset: str | Path | None, overrides: Overrides = Overrides(), extra_dirs: tuple[str | Path, ...] = ()
 ) -> Grid:
@@ -292,11 +302,14 @@ def build_grid(
         raise SpecError(f"{source}: no [[model]] given; add one or pass -m NAME")
 
     specs = []
-    for (ds, _), (md, mblock), sc, (df, _), (at, _), seed in itertools.product(
+    for (ds, _), (md, mblock), sc, (df, _), (at, ablock), seed in itertools.product(
         datasets, models, scenarios, defenses, attacks, seeds
     ):
-        allowed = mblock.get("datasets")
-        if allowed and ds.name not in {registry_for("dataset").canonical(a) for a in allowed}:
+        if not _allowed(mblock.get("datasets"), ds.name, "dataset", source):
+            continue
+        if not _allowed(ablock.get("models"), md.name, "model", source):
+            continue
+        if not _allowed(ablock.get("datasets"), ds.name, "dataset", source):
             continue
         specs.append(RunSpec(ds, md, df, at, sc, seed, preset=str(meta.get("name", path.stem))))
     unique = list(dict.fromkeys(specs))

@@ -130,3 +130,29 @@ def read_results(path: str | Path):
     if missing:
         raise FedbenchError(f"{path}: not a fedbench results file (missing columns: {', '.join(missing)})")
     return frame
+
+
+def find_run(run_id: str, out_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """(row, key, csv path) of a run by id (or a unique prefix of >= 6 digits), newest file first."""
+    import pandas as pd
+
+    if len(run_id) < 6:
+        raise FedbenchError(f"run id '{run_id}' is too short; give at least 6 hex digits")
+    out = Path(out_dir)
+    files = sorted(out.glob("*.csv"), key=lambda p: p.stat().st_mtime, reverse=True) if out.is_dir() else []
+    for path in files:
+        side = path.with_suffix(".json")
+        if not side.exists():
+            continue
+        try:
+            runs = json.loads(side.read_text()).get("runs", {})
+        except (json.JSONDecodeError, OSError):
+            continue
+        matches = [r for r in runs if r.startswith(run_id)]
+        if len(matches) > 1:
+            raise FedbenchError(f"run id '{run_id}' is ambiguous in {path}; give more digits")
+        if matches:
+            frame = pd.read_csv(path)
+            rows = frame[frame["run_id"] == matches[0]].to_dict("records")
+            return (rows[0] if rows else {"run_id": matches[0]}), runs[matches[0]], path
+    raise FedbenchError(f"run '{run_id}' not found in the results under {out}; pass --results DIR")

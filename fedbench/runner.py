@@ -138,7 +138,7 @@ def compute_attack(job: Job) -> dict[str, Any]:
     bundle = _load(spec, ctx)
     attack = spec.attack.instantiate()
     sc = spec.scenario
-    request = ObservationRequest(attack.observation_point, sc.observe_round, sc.victim)
+    request = ObservationRequest(attack.point_for(sc), sc.observe_round, sc.victim)
     factory = _model_factory(spec, bundle.meta)
     sim = Simulation(
         sc,
@@ -346,6 +346,10 @@ def run_grid(
 
     location = str(cache.location) if cache.location else None
     if n_jobs == 1 or len(groups) == 1:
+        if ctx.threads:
+            import torch
+
+            torch.set_num_threads(ctx.threads)
         for indices in groups.values():
             group_rows = []
             for i in indices:

@@ -121,6 +121,24 @@ class RunSpec:
     def utility_id(self) -> str:
         return short_hash(canonical_json(self.utility_key()))
 
+    @classmethod
+    def from_key(cls, key: dict[str, Any], preset: str = "") -> RunSpec:
+        """Rebuild a spec from its key (as stored in a results sidecar); names and params re-validated."""
+
+        def comp(kind: str) -> ComponentSpec | None:
+            part = key.get(kind)
+            return ComponentSpec.resolve(kind, part["name"], part["params"]) if part else None
+
+        return cls(
+            comp("dataset"),
+            comp("model"),
+            comp("defense"),
+            comp("attack"),
+            Scenario.from_dict(key["scenario"]),
+            int(key["seed"]),
+            preset=preset,
+        )
+
     def describe(self) -> str:
         attack = self.attack.label if self.attack else "-"
         return f"{self.dataset.label}/{self.model.label} {self.defense.label} x {attack} seed={self.seed}"

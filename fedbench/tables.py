@@ -1,78 +1,749 @@
-"""Trade-off pivots of a results DataFrame and their renderers.
+"""Trade-off tables from results files: loading, filtering, pivoting over seeds, rendering.
 
-`summary` aggregates runs over seeds per (dataset, model, defense, attack): utility, leakage
-metrics present in the results, and accuracy drop against the `none` defense of the same slice.
+A `Pivot` has one row per configuration (default: per defense, plus dataset/model/scenario columns
+when they vary) and columns for utility (accuracy, drop vs `none`, epsilon) and, per attack, the
+chosen leakage metrics, plus the worst case over the attack suite when there are several attacks.
+Cells aggregate seeds: mean ± std (95% CI when n >= 3), median, or the worst seed. Header arrows
+point to the better direction for the defender (↑ accuracy; ↓ PSNR, i.e. less leakage).
+
+Worst case over the suite is computed per input then aggregated when the results' sidecar holds
+per-image scores (`per_image` keyed by run_id); otherwise per (configuration, seed) from the
+row-level means, the attack achieving it is named either way. Thresholds in `--budget`/`--target`
+use the units shown in the tables (accuracy and drops in percent / percentage points).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
-GROUP = ["dataset", "model", "defense", "attack"]
-HIGHER_IS_BETTER = {"test_acc": True, "test_loss": False}
-LEAKAGE_METRICS = ("psnr", "psnr_worst", "ssim", "ssim_worst", "mse", "lpips", "label_acc", "recovered")
+from fedbench.errors import FedbenchError, UnknownNameError
+
+Agg = Literal["mean", "median", "worst"]
+Keep = Literal["last", "all"]
+FORMATS = ("rich", "markdown", "latex", "csv", "json")
+WORST = "worst-case"
 
 
-def summary(frame) -> Any:
-    """Mean/std over seeds per configuration, with `acc_drop` vs `none` in the same slice."""
+@dataclass(frozen=True)
+class Metric:
+    """How a results column is compared and shown."""
+
+    name: str
+    better: Literal["higher", "lower"]
+    kind: Literal["utility", "leakage", "guarantee", "cost"]
+    unit: Literal["pct", "pp", "fixed", "sig"] = "fixed"
+    per_attack: bool = False
+
+    @property
+    def arrow(self) -> str:
+        return "↑" if self.better == "higher" else "↓"
+
+    @property
+    def header(self) -> str:
+        suffix = {"pct": " (%)", "pp": " (pp)"}.get(self.unit, "")
+        return f"{self.name}{suffix} {self.arrow}"
+
+    @property
+    def leakage_sign(self) -> int:
+        """+1 when a higher value means more leakage (psnr), -1 when lower does (mse)."""
+        return -1 if self.better == "higher" else 1
+
+    @property
+    def scale(self) -> float:
+        return 100.0 if self.unit in ("pct", "pp") else 1.0
+
+    def fmt(self, value: float | None) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "—"
+        v = value * self.scale
+        if self.unit in ("pct", "pp"):
+            return f"{v:.1f}"
+        if self.unit == "sig":
+            return f"{v:.3g}"
+        return f"{v:.2f}"
+
+
+def _m(name, better, kind, unit="fixed", per_attack=False) -> Metric:
+    return Metric(name, better, kind, unit, per_attack)
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        _m("test_acc", "higher", "utility", "pct"),
+        _m("acc_drop", "lower", "utility", "pp"),
+        _m("test_loss", "lower", "utility"),
+        _m("epsilon", "lower", "guarantee"),
+        _m("psnr", "lower", "leakage", per_attack=True),
+        _m("psnr_worst", "lower", "leakage", per_attack=True),
+        _m("ssim", "lower", "leakage", "fixed", True),
+        _m("ssim_worst", "lower", "leakage", "fixed", True),
+        _m("mse", "higher", "leakage", "sig", True),
+        _m("mse_worst", "higher", "leakage", "sig", True),
+        _m("lpips", "higher", "leakage", "fixed", True),
+        _m("lpips_worst", "higher", "leakage", "fixed", True),
+        _m("label_acc", "lower", "leakage", "pct", True),
+        _m("label_acc_matched", "lower", "leakage", "pct", True),
+        _m("recovered", "lower", "leakage", "fixed", True),
+        _m("seconds", "lower", "cost", "sig"),
+        _m("utility_seconds", "lower", "cost", "sig"),
+        _m("attack_seconds", "lower", "cost", "sig", True),
+        _m("peak_rss_mb", "lower", "cost", "sig"),
+    )
+}
+DEFAULT_LEAKAGE = ("psnr", "ssim", "label_acc")
+UTILITY_BLOCK = ("test_acc", "acc_drop", "epsilon")
+
+
+def metric(name: str) -> Metric:
+    """The metric called `name`; unknown names fail with a did-you-mean."""
+    if name in METRICS:
+        return METRICS[name]
+    hint = difflib.get_close_matches(name, list(METRICS), n=1)
+    more = f"did you mean '{hint[0]}'? " if hint else ""
+    raise UnknownNameError(f"unknown metric '{name}'; {more}(metrics: {', '.join(METRICS)})")
+
+
+# -------------------------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True)
+class ResultSet:
+    """Rows of one or more results files (deduplicated by run_id) and their JSON sidecars."""
+
+    frame: Any
+    sidecars: tuple[dict[str, Any], ...]
+    paths: tuple[Path, ...]
+
+    @property
+    def reported(self) -> list[dict[str, Any]]:
+        return [r for s in self.sidecars for r in s.get("reported", []) or []]
+
+    @property
+    def per_image(self) -> dict[str, dict[str, list]]:
+        out: dict[str, dict[str, list]] = {}
+        for s in self.sidecars:
+            out.update(s.get("per_image", {}) or {})
+        return out
+
+    @property
+    def board(self) -> dict[str, Any]:
+        for s in reversed(self.sidecars):
+            if s.get("board"):
+                return dict(s["board"])
+        return {}
+
+
+def resolve_paths(paths: Sequence[str | Path], default_dir: str | Path = "results") -> list[Path]:
+    """Files as given; a directory (or nothing: `default_dir`) means its newest results file."""
+    from fedbench.results import newest_results
+
+    if not paths:
+        return [newest_results(default_dir)]
+    out = []
+    for p in map(Path, paths):
+        out.append(newest_results(p) if p.is_dir() else p)
+    return out
+
+
+def load_results(paths: Sequence[str | Path], keep: Keep = "last", default_dir: str | Path = "results"):
+    """Read results files in order; with keep='last' a run_id seen again replaces the earlier row."""
     import pandas as pd
 
-    ok = frame[frame["status"] == "ok"].copy()
-    if ok.empty:
-        return pd.DataFrame(columns=[*GROUP, "runs", "test_acc", "test_acc_std", "acc_drop"])
-    ok["attack"] = ok["attack"].fillna("")
-    metrics = (
-        ["test_acc"]
-        + [m for m in LEAKAGE_METRICS if m in ok.columns]
-        + (["epsilon"] if "epsilon" in ok.columns else [])
+    from fedbench.results import read_results
+
+    if keep not in ("last", "all"):
+        raise FedbenchError(f"--keep {keep}: use 'last' or 'all'")
+    files = resolve_paths(paths, default_dir)
+    frames, sidecars = [], []
+    for path in files:
+        frame = read_results(path)
+        if frame.empty:
+            raise FedbenchError(f"{path}: the results file holds no runs; run 'fedbench run' again")
+        frame["_file"] = str(path)
+        frames.append(frame)
+        side = path.with_suffix(".json")
+        if side.is_file():
+            try:
+                sidecars.append(json.loads(side.read_text(encoding="utf-8")))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise FedbenchError(
+                    f"{side}: sidecar is not valid JSON; rewrite it with 'fedbench run'"
+                ) from None
+        else:
+            sidecars.append({})
+    frame = pd.concat(frames, ignore_index=True, sort=False)
+    if keep == "last":
+        frame = frame.drop_duplicates(subset="run_id", keep="last").reset_index(drop=True)
+    for col in ("attack", "attack_name", "reason"):
+        if col in frame.columns:
+            frame[col] = frame[col].fillna("").astype(str)
+    return ResultSet(frame, tuple(sidecars), tuple(files))
+
+
+# ------------------------------------------------------------------------------------------- filters
+
+
+_WHERE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(!=|=)\s*(.*?)\s*$")
+
+
+def apply_where(frame, wheres: Sequence[str]):
+    """Keep rows matching every 'column=value' / 'column!=value' (values compared as text)."""
+    for text in wheres or ():
+        m = _WHERE.match(text)
+        if not m:
+            raise FedbenchError(f"--where {text!r}: write column=value, e.g. --where dataset=mnist5k")
+        col, op, value = m.groups()
+        if col not in frame.columns:
+            cols = [c for c in frame.columns if not c.startswith("_")]
+            hint = difflib.get_close_matches(col, cols, n=1)
+            more = f"; did you mean '{hint[0]}'?" if hint else ""
+            raise UnknownNameError(f"--where {text!r}: no column '{col}'{more}")
+        as_text = frame[col].map(_as_text)
+        mask = (as_text == value) if op == "=" else (as_text != value)
+        if not mask.any():
+            values = sorted(set(as_text))[:8]
+            raise FedbenchError(f"--where {text!r} matches no run ({col} values: {', '.join(values)})")
+        frame = frame[mask]
+    return frame
+
+
+def _as_text(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A `metric<=value` condition in display units (% for accuracies, pp for drops)."""
+
+    metric: str
+    op: str
+    value: float
+
+    @classmethod
+    def parse(cls, text: str, option: str) -> Threshold:
+        m = re.match(r"^\s*([A-Za-z_]\w*)\s*(<=|>=|<|>)\s*(-?[\d.]+(?:e-?\d+)?)\s*$", text or "")
+        if not m:
+            raise FedbenchError(f"{option} {text!r}: write metric<=number, e.g. {option} acc_drop<=2")
+        name, op, value = m.groups()
+        metric(name)
+        return cls(name, op, float(value))
+
+    def ok(self, value: float | None) -> bool:
+        if value is None or math.isnan(value):
+            return False
+        v = round(value * metric(self.metric).scale, 9)  # 2.0000000000000018 pp meets acc_drop<=2
+        return {"<=": v <= self.value, ">=": v >= self.value, "<": v < self.value, ">": v > self.value}[
+            self.op
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+
+# ------------------------------------------------------------------------------------------- pivoting
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One aggregated value: mean/median/worst over n seeds, its spread (std or CI half-width)."""
+
+    value: float | None
+    spread: float | None = None
+    spread_kind: str = ""
+    n: int = 0
+    attack: str = ""  # worst-case cells: the attack that achieved it
+    reported: float | None = None
+
+    @property
+    def diff(self) -> float | None:
+        if self.reported is None or self.value is None or math.isnan(self.value):
+            return None
+        return self.value - self.reported
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    metric: Metric
+    group: str = ""  # attack label, WORST, or "" for per-defense metrics
+
+    @property
+    def header(self) -> str:
+        return f"{self.group} {self.metric.header}" if self.group else self.metric.header
+
+
+@dataclass(frozen=True)
+class Pivot:
+    """A rendered-ready trade-off table: row keys, columns, and cells per row."""
+
+    title: str
+    row_keys: tuple[str, ...]
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[tuple[str, ...], dict[str, Cell]], ...]
+    agg: str = "mean"
+    extra: dict[str, tuple[str, ...]] = field(default_factory=dict)  # e.g. rank column values
+
+    def cell(self, i: int, key: str) -> Cell:
+        return self.rows[i][1].get(key, Cell(None))
+
+
+def _t95(n: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
+
+
+def aggregate(values: Sequence[float], m: Metric, agg: Agg = "mean") -> Cell:
+    """Aggregate per-seed values: mean ± std (n < 3) or ± 95% CI (n >= 3), median, or worst."""
+    import numpy as np
+
+    vals = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    n = int(vals.size)
+    if n == 0:
+        return Cell(None, n=0)
+    if agg == "median":
+        return Cell(float(np.median(vals)), n=n)
+    if agg == "worst":
+        return Cell(float(vals.min() if m.better == "higher" else vals.max()), n=n)
+    mean = float(vals.mean())
+    if n == 1:
+        return Cell(mean, n=1)
+    std = float(vals.std(ddof=1))
+    if n >= 3:
+        return Cell(mean, _t95(n) * std / math.sqrt(n), "ci95", n)
+    return Cell(mean, std, "std", n)
+
+
+def slice_columns(frame) -> list[str]:
+    """Columns that define a comparable slice (baseline `none` is looked up within it)."""
+    return [c for c in ("dataset", "model") if c in frame.columns] + sorted(
+        c for c in frame.columns if c.startswith("sc_")
     )
-    agg = ok.groupby(GROUP, sort=False)[metrics].agg(["mean", "std"])
-    table = pd.DataFrame({"runs": ok.groupby(GROUP, sort=False).size()})
-    for m in metrics:
-        table[m] = agg[(m, "mean")]
-        table[f"{m}_std"] = agg[(m, "std")]
-    table = table.reset_index()
-    base = table[table["defense"] == "none"].set_index(["dataset", "model"])["test_acc"]
-    base = base.groupby(level=[0, 1]).max()
-    table["acc_drop"] = [
-        (base.get((d, m)) - a) if (d, m) in base.index else float("nan")
-        for d, m, a in zip(table["dataset"], table["model"], table["test_acc"], strict=True)
+
+
+def default_rows(frame) -> list[str]:
+    varying = [c for c in slice_columns(frame) if frame[c].map(_as_text).nunique() > 1]
+    return varying + ["defense"]
+
+
+def _key(values: Any) -> tuple[str, ...]:
+    return tuple(_as_text(v) for v in (values if isinstance(values, tuple) else (values,)))
+
+
+def utility_frame(frame):
+    """One row per utility run (defense config x seed), with `acc_drop` vs `none` of the same seed."""
+    ok = frame[frame["status"] == "ok"]
+    cols = [c for c in ok.columns if not c.startswith("_")]
+    util = ok.drop_duplicates(subset=["utility_id"] if "utility_id" in ok.columns else None)[cols].copy()
+    sl = slice_columns(util)
+    keys = sl + ["seed"]
+    base = util[util["defense"] == "none"]
+    lookup = {
+        _key(tuple(r[c] for c in keys)): r["test_acc"] for _, r in base.iterrows() if "test_acc" in base
+    }
+    util["acc_drop"] = [
+        (lookup.get(_key(tuple(r[c] for c in keys))) - r["test_acc"])
+        if lookup.get(_key(tuple(r[c] for c in keys))) is not None
+        else float("nan")
+        for _, r in util.iterrows()
     ]
+    return util
+
+
+def _present(frame, name: str) -> bool:
+    return name in frame.columns and frame[name].notna().any()
+
+
+def leakage_metrics(frame, names: Sequence[str] | None) -> list[Metric]:
+    """The chosen metrics, or by default psnr, ssim and label_acc (psnr only for several attacks)."""
+    if names:
+        return [metric(n) for n in names]
+    present = [METRICS[n] for n in DEFAULT_LEAKAGE if _present(frame, n)]
+    attacks = frame.loc[frame["attack"] != "", "attack"].nunique() if "attack" in frame else 0
+    return present[:1] if attacks > 1 else present
+
+
+def worst_case(frame, m: Metric, by: Sequence[str], per_image: dict[str, dict[str, list]] | None = None):
+    """Per (`by` + seed): the leakiest value over attacks, and the attack that achieved it.
+
+    With per-image scores for every attack of a group, the worst case is taken per input (image i:
+    the leakiest attack on that image), then averaged; the attack named is the one that won most
+    images. Otherwise it is the leakiest attack's row-level value. Returns a list of
+    (key tuple, seed, value, attack, per_input: bool).
+    """
+    import numpy as np
+
+    att = frame[(frame["status"] == "ok") & (frame["attack"] != "")]
+    if not _present(att, m.name):
+        return []
+    out = []
+    sign = m.leakage_sign
+    for keys, grp in att.groupby([*by, "seed"], sort=False, dropna=False):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        grp = grp[grp[m.name].notna()]
+        if grp.empty:
+            continue
+        arrays = [(per_image or {}).get(r, {}).get(m.name) for r in grp["run_id"]]
+        lengths = {len(a) for a in arrays if a is not None}
+        if per_image and all(a is not None for a in arrays) and len(lengths) == 1:
+            mat = np.asarray(arrays, dtype=float) * sign  # attacks x images, larger = leakier
+            win = np.nanargmax(mat, axis=0)
+            value = float(np.mean(mat[win, np.arange(mat.shape[1])]) * sign)
+            attack = list(grp["attack"])[Counter(win.tolist()).most_common(1)[0][0]]
+            out.append((_key(keys[:-1]), keys[-1], value, attack, True))
+        else:
+            scores = grp[m.name].astype(float) * sign
+            best = scores.idxmax()
+            out.append(
+                (_key(keys[:-1]), keys[-1], float(grp.loc[best, m.name]), grp.loc[best, "attack"], False)
+            )
+    return out
+
+
+def _reported_lookup(reported: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
+    """(defense label, attack label) -> reported metric values; labels canonicalised when possible."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for r in reported:
+        if "defense" not in r:
+            continue
+        values = {k: float(v) for k, v in r.items() if k in METRICS and isinstance(v, int | float)}
+        key = (
+            _canonical_label("defense", str(r["defense"])),
+            _canonical_label("attack", str(r.get("attack", ""))),
+        )
+        out.setdefault(key, {}).update(values)
+    return out
+
+
+def _canonical_label(kind: str, text: str) -> str:
+    if not text:
+        return ""
+    try:
+        from fedbench.patterns import parse_pattern
+        from fedbench.spec import ComponentSpec
+
+        name, params = parse_pattern(text)
+        return ComponentSpec.resolve(kind, name, params).label
+    except Exception:  # a reported row for a plugin not loaded: keep its text
+        return text
+
+
+def pivot(
+    results: ResultSet | Any,
+    metrics: Sequence[str] | None = None,
+    rows: Sequence[str] | None = None,
+    cols: Sequence[str] | None = None,
+    agg: Agg = "mean",
+    where: Sequence[str] = (),
+    reported: bool = False,
+    title: str = "",
+) -> Pivot:
+    """The trade-off table of a `ResultSet` (or a results DataFrame)."""
+    frame = results.frame if isinstance(results, ResultSet) else results
+    per_image = results.per_image if isinstance(results, ResultSet) else {}
+    if agg not in ("mean", "median", "worst"):
+        raise FedbenchError(f"--agg {agg}: use mean, median or worst")
+    frame = apply_where(frame, where)
+    ok = frame[frame["status"] == "ok"]
+    if ok.empty:
+        reasons = Counter(frame["status"])
+        raise FedbenchError(
+            f"no successful runs to compare ({', '.join(f'{v} {k}' for k, v in reasons.items())})"
+        )
+    row_keys = list(rows) if rows else default_rows(ok)
+    col_keys = list(cols) if cols else ["attack"]
+    for c in row_keys + col_keys:
+        if c not in ok.columns:
+            hint = difflib.get_close_matches(c, [x for x in ok.columns if not x.startswith("_")], n=1)
+            more = f"; did you mean '{hint[0]}'?" if hint else ""
+            raise UnknownNameError(f"no column '{c}' in the results{more}")
+    chosen = list(metrics) if metrics else []
+    per_defense = [metric(n) for n in UTILITY_BLOCK]
+    per_defense += [metric(n) for n in chosen if not metric(n).per_attack and n not in UTILITY_BLOCK]
+    leak = [metric(n) for n in chosen if metric(n).per_attack] if metrics else leakage_metrics(ok, None)
+    for m in leak:
+        if m.name not in ok.columns:
+            raise FedbenchError(f"metric '{m.name}' is not in these results (no attack produced it)")
+
+    util = utility_frame(ok)
+    order = list(dict.fromkeys(_key(tuple(r[c] for c in row_keys)) for _, r in ok.iterrows()))
+    cells: dict[tuple[str, ...], dict[str, Cell]] = {k: {} for k in order}
+    columns: list[Column] = [Column(m.name, m) for m in per_defense]
+
+    def keyed(df, keys):
+        return df.groupby(keys, sort=False, dropna=False) if keys else [((), df)]
+
+    for m in per_defense:
+        if m.name not in util.columns:
+            continue
+        for k, grp in keyed(util, row_keys):
+            cells[_key(k)][m.name] = aggregate(list(grp[m.name].astype(float)), m, agg)
+
+    attacked = ok[ok["attack"] != ""] if "attack" in ok.columns else ok.iloc[0:0]
+    groups = list(dict.fromkeys(_key(tuple(r[c] for c in col_keys)) for _, r in attacked.iterrows()))
+    for m in leak:
+        for g in groups:
+            label = " ".join(x for x in g if x)
+            col = Column(f"{label}:{m.name}", m, label)
+            columns.append(col)
+            sub = attacked[[_key(tuple(r[c] for c in col_keys)) == g for _, r in attacked.iterrows()]]
+            for k, grp in keyed(sub, row_keys):
+                cells[_key(k)][col.key] = aggregate(list(grp[m.name].astype(float)), m, agg)
+        if col_keys == ["attack"] and len(groups) > 1:
+            col = Column(f"{WORST}:{m.name}", m, WORST)
+            columns.append(col)
+            by: dict[tuple[str, ...], list[tuple[float, str]]] = {}
+            for k, _seed, value, att, _per_input in worst_case(attacked, m, row_keys, per_image):
+                by.setdefault(k, []).append((value, att))
+            for k, items in by.items():
+                cell = aggregate([v for v, _ in items], m, agg)
+                top = Counter(a for _, a in items).most_common(1)[0][0]
+                cells.setdefault(k, {})[col.key] = Cell(
+                    cell.value, cell.spread, cell.spread_kind, cell.n, top
+                )
+
+    if reported:
+        lookup = _reported_lookup(results.reported if isinstance(results, ResultSet) else [])
+        if not lookup:
+            raise FedbenchError("--reported: these results carry no [[reported]] paper numbers")
+        if "defense" not in row_keys:
+            raise FedbenchError("--reported needs 'defense' among --rows")
+        di = row_keys.index("defense")
+        for k, row_cells in cells.items():
+            for col in columns:
+                att = col.group if col.group and col.group != WORST else ""
+                value = lookup.get((k[di], att), {}).get(col.metric.name)
+                if value is None and not col.group:  # per-defense metrics: any reported row of the defense
+                    found = [
+                        v[col.metric.name]
+                        for (d, _), v in lookup.items()
+                        if d == k[di] and col.metric.name in v
+                    ]
+                    value = found[0] if found else None
+                if value is not None and col.key in row_cells:
+                    c = row_cells[col.key]
+                    row_cells[col.key] = Cell(c.value, c.spread, c.spread_kind, c.n, c.attack, value)
+    # drop columns with no value at all (e.g. epsilon for non-DP grids is kept: the schema asks for it)
+    columns = [c for c in columns if c.key == "epsilon" or any(c.key in r for r in cells.values())]
+    return Pivot(
+        title=title or _title(agg),
+        row_keys=tuple(row_keys),
+        columns=tuple(columns),
+        rows=tuple((k, cells[k]) for k in order),
+        agg=agg,
+    )
+
+
+def _title(agg: str) -> str:
+    what = {"mean": "mean ± std over seeds (± 95% CI when n ≥ 3)", "median": "median over seeds"}
+    return f"trade-off per configuration, {what.get(agg, 'worst seed')}; ↑/↓ = better direction"
+
+
+# --------------------------------------------------------------------------------------------- views
+
+
+def headline_column(p: Pivot, name: str | None = None) -> Column | None:
+    """The leakage column used for ranking and views: worst case over the suite, else the only one."""
+    leak = [c for c in p.columns if c.metric.kind == "leakage" and (name is None or c.metric.name == name)]
+    worst = [c for c in leak if c.group == WORST]
+    if worst:
+        return worst[0]
+    groups = {c.group for c in leak}
+    return leak[0] if leak and (len(groups) == 1 or name) else (leak[0] if leak else None)
+
+
+def select_rows(p: Pivot, keep: Sequence[int], title: str) -> Pivot:
+    return Pivot(title, p.row_keys, p.columns, tuple(p.rows[i] for i in keep), p.agg, dict(p.extra))
+
+
+def budget_view(p: Pivot, budget: Threshold) -> Pivot:
+    """Best privacy at a utility budget: rows meeting the budget, least leakage first."""
+    if budget.metric not in {c.key for c in p.columns}:
+        raise FedbenchError(f"--budget {budget}: '{budget.metric}' is not a column of this table")
+    lc = headline_column(p)
+    if lc is None:
+        raise FedbenchError("--budget needs leakage columns: these results hold no attack runs")
+    keep = [i for i in range(len(p.rows)) if budget.ok(p.cell(i, budget.metric).value)]
+    if not keep:
+        raise FedbenchError(f"--budget {budget}: no configuration meets it")
+    sign = lc.metric.leakage_sign
+    keep.sort(key=lambda i: (_num(p.cell(i, lc.key).value) * sign, -_num(p.cell(i, "test_acc").value, -1)))
+    return select_rows(p, keep, f"best privacy at {budget} (sorted by {lc.header})")
+
+
+def target_view(p: Pivot, target: Threshold) -> Pivot:
+    """Best utility at a privacy target: rows whose headline leakage meets it, best accuracy first."""
+    col = headline_column(p, target.metric) if metric(target.metric).kind == "leakage" else None
+    key = col.key if col else target.metric
+    if key not in {c.key for c in p.columns}:
+        raise FedbenchError(f"--target {target}: '{target.metric}' is not a column of this table")
+    keep = [i for i in range(len(p.rows)) if target.ok(p.cell(i, key).value)]
+    if not keep:
+        raise FedbenchError(f"--target {target}: no configuration meets it")
+    keep.sort(key=lambda i: -_num(p.cell(i, "test_acc").value, -1))
+    where = col.header if col else target.metric
+    return select_rows(p, keep, f"best utility at {target} (on {where}; sorted by test_acc)")
+
+
+def _num(v: float | None, missing: float = math.inf) -> float:
+    return missing if v is None or math.isnan(v) else v
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+
+def format_cell(c: Cell, m: Metric, show_attack: bool = True) -> str:
+    text = m.fmt(c.value)
+    if c.value is not None and c.spread is not None and not math.isnan(c.spread):
+        text += f" ± {m.fmt(c.spread)}"
+    if c.attack and show_attack:
+        text += f" ({c.attack})"
+    if c.reported is not None:
+        d = c.diff
+        text += f" [paper {m.fmt(c.reported)}, Δ {'—' if d is None else ('+' if d >= 0 else '') + m.fmt(d)}]"
+    return text
+
+
+def _text_rows(p: Pivot) -> tuple[list[str], list[list[str]]]:
+    extra = list(p.extra)
+    headers = extra + list(p.row_keys) + [c.header for c in p.columns]
+    body = []
+    for i, (key, _cells) in enumerate(p.rows):
+        body.append(
+            [p.extra[e][i] for e in extra]
+            + list(key)
+            + [format_cell(p.cell(i, c.key), c.metric) for c in p.columns]
+        )
+    return headers, body
+
+
+def to_markdown(p: Pivot) -> str:
+    from tabulate import tabulate
+
+    headers, body = _text_rows(p)
+    table = tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+    return (f"{p.title}\n\n" if p.title else "") + table + "\n"
+
+
+_LATEX_ESC = {"&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}"}
+_LATEX_SYM = {
+    "±": r"$\pm$",
+    "↑": r"$\uparrow$",
+    "↓": r"$\downarrow$",
+    "Δ": r"$\Delta$",
+    "—": "--",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+}
+
+
+def _latex(text: str) -> str:
+    return "".join(_LATEX_SYM.get(ch, _LATEX_ESC.get(ch, ch)) for ch in text)
+
+
+def to_latex(p: Pivot) -> str:
+    """A booktabs tabular (needs \\usepackage{booktabs}); symbols as math, specials escaped."""
+    headers, body = _text_rows(p)
+    nkey = len(p.extra) + len(p.row_keys)
+    spec = "l" * nkey + "r" * len(p.columns)
+    lines = [f"% {_latex(p.title)}" if p.title else "", f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
+    lines.append(" & ".join(_latex(h) for h in headers) + r" \\")
+    lines.append("\\midrule")
+    for r in body:
+        lines.append(" & ".join(_latex(x) for x in r) + r" \\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(line for line in lines if line) + "\n"
+
+
+def records(p: Pivot) -> list[dict[str, Any]]:
+    """Numbers, not strings: per column `<key>`, `<key>_spread`, `<key>_n` (+ attack, reported, diff)."""
+    out = []
+    for i, (key, _cells) in enumerate(p.rows):
+        rec: dict[str, Any] = {e: p.extra[e][i] for e in p.extra}
+        rec.update(dict(zip(p.row_keys, key, strict=True)))
+        for c in p.columns:
+            cell = p.cell(i, c.key)
+            rec[c.key] = _round(cell.value)
+            rec[f"{c.key}_spread"] = _round(cell.spread)
+            rec[f"{c.key}_n"] = cell.n
+            if c.group == WORST:
+                rec[f"{c.key}_attack"] = cell.attack
+            if cell.reported is not None:
+                rec[f"{c.key}_reported"] = _round(cell.reported)
+                rec[f"{c.key}_diff"] = _round(cell.diff)
+        out.append(rec)
+    return out
+
+
+def _round(v: float | None) -> float | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return float(f"{v:.6g}")
+
+
+def to_csv(p: Pivot) -> str:
+    import csv
+    import io
+
+    recs = records(p)
+    fields = list(dict.fromkeys(k for r in recs for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for r in recs:
+        writer.writerow({k: "" if v is None else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def to_json(p: Pivot) -> str:
+    spread = {"mean": "std (n < 3) or ci95 half-width (n >= 3)", "median": "none", "worst": "none"}
+    doc = {
+        "title": p.title,
+        "agg": p.agg,
+        "spread": spread.get(p.agg, ""),
+        "rows": list(p.row_keys),
+        "columns": [
+            {"key": c.key, "metric": c.metric.name, "group": c.group, "better": c.metric.better}
+            for c in p.columns
+        ],
+        "records": records(p),
+    }
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+
+
+def to_rich(p: Pivot):
+    from rich.table import Table
+
+    headers, body = _text_rows(p)
+    nkey = len(p.extra) + len(p.row_keys)
+    table = Table(title=p.title, title_justify="left")
+    for i, h in enumerate(headers):
+        if i < nkey:  # keep configuration labels readable; numbers fold first
+            width = min(34, max([len(h)] + [len(r[i]) for r in body]))
+            table.add_column(h, justify="left", overflow="fold", min_width=width)
+        else:
+            table.add_column(h, justify="right", overflow="fold")
+    for r in body:
+        table.add_row(*r)
     return table
 
 
-def render_rich(table) -> Any:
-    """A rich Table of `summary` output: accuracy (mean ± std), drop vs none, leakage columns."""
-    import math
-
-    from rich.table import Table
-
-    out = Table(title="accuracy per defense (mean ± std over seeds)", title_justify="left")
-    cols = ["dataset", "model", "defense", "attack", "runs", "test_acc ↑", "acc_drop ↓"]
-    leak = [m for m in LEAKAGE_METRICS if m in table.columns]
-    for c in cols + leak:
-        out.add_column(
-            c, justify="right" if c not in GROUP else "left", overflow="fold" if c in GROUP else "ellipsis"
-        )
-
-    def pm(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
-        if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-            return "—"
-        text = f"{mean * scale:.{digits}f}"
-        if std is not None and not (isinstance(std, float) and math.isnan(std)):
-            text += f" ± {std * scale:.{digits}f}"
-        return text
-
-    for _, r in table.iterrows():
-        cells = [
-            r["dataset"],
-            r["model"],
-            r["defense"],
-            r["attack"] or "—",
-            str(int(r["runs"])),
-            pm(r["test_acc"], r["test_acc_std"], 100, 1) + "%",
-            pm(r["acc_drop"], None, 100, 1),
-        ]
-        cells += [pm(r[m], r[f"{m}_std"]) for m in leak]
-        out.add_row(*cells)
-    return out
+def render(p: Pivot, fmt: str):
+    """Text for markdown/latex/csv/json, a rich Table for 'rich'."""
+    renderers = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv, "json": to_json, "rich": to_rich}
+    if fmt not in renderers:
+        raise FedbenchError(f"--format {fmt}: use one of {', '.join(FORMATS)}")
+    return renderers[fmt](p)

@@ -409,6 +409,18 @@ def _lbfgs(
     loss = torch.zeros(R, dtype=dt, device=dev)
     done_iters = 0
 
+    # L-BFGS without a line search (the DLG code's setting) can overshoot once a noisy target cannot be
+    # matched exactly; like breaching, return each candidate's best iterate, not its last one.
+    best_loss = torch.full((R,), math.inf, dtype=dt, device=dev)
+    best_z = z.clone()
+
+    def keep_best(obj: torch.Tensor, zz: torch.Tensor) -> None:
+        nonlocal best_loss, best_z
+        better = ~dead & torch.isfinite(obj) & (obj < best_loss)
+        if bool(better.any()):
+            best_loss = torch.where(better, obj.detach(), best_loss)
+            best_z = torch.where(better[:, None], zz.detach(), best_z)
+
     def check(obj: torch.Tensor, gz: torch.Tensor, zz: torch.Tensor, snapshot: torch.Tensor, i: int) -> None:
         nonlocal dead
         bad = ~(torch.isfinite(obj) & torch.isfinite(gz).all(1) & torch.isfinite(zz).all(1)) & ~dead
@@ -423,6 +435,7 @@ def _lbfgs(
         loss, g = closure(z)
         evals += 1
         check(loss, g, z, snapshot, i)
+        keep_best(loss, z)
         alive = ~dead
         alive_loss = torch.where(alive, loss, torch.full_like(loss, math.inf))
         _record_success(success, alive_loss, success_threshold, i)
@@ -485,6 +498,7 @@ def _lbfgs(
                 evals += 1
                 step_evals += 1
                 check(new_loss, new_g, z, snapshot, i)
+                keep_best(new_loss, z)
                 active = active & ~dead
                 loss = torch.where(active, new_loss, loss)
                 g = torch.where(active[:, None], new_g, g)
@@ -501,7 +515,8 @@ def _lbfgs(
     evals += 1
     snapshot = z.clone()
     check(final, g, z, snapshot, done_iters)
-    final = torch.where(dead, torch.full_like(final, math.inf), final)
+    keep_best(final, z)
+    z, final = best_z, torch.where(dead, torch.full_like(best_loss, math.inf), best_loss)
     _record_success(success, final, success_threshold, done_iters)
     return z, final, done_iters, evals, success, dead.tolist()
 

@@ -40,7 +40,7 @@ _PRUNE_HELP = (
 class DLG(InversionAttack, Attack):
     """Deep Leakage from Gradients: L2 gradient matching, joint image+label L-BFGS."""
 
-    version = "1"
+    version = "2"
     paper = Paper("zhu2019dlg", "Deep Leakage from Gradients", "https://arxiv.org/abs/1906.08935")
 
     @dataclass(frozen=True)
@@ -78,53 +78,26 @@ class DLG(InversionAttack, Attack):
 
 
 @register_attack("idlg")
-class IDLG(InversionAttack, Attack):
+class IDLG(DLG):
     """Improved DLG: analytic label from the last layer's gradient, then L2 matching with L-BFGS."""
 
-    version = "1"
+    version = "2"
     paper = Paper(
         "zhao2020idlg", "iDLG: Improved Deep Leakage from Gradients", "https://arxiv.org/abs/2001.02610"
     )
 
     @dataclass(frozen=True)
-    class Params:
-        iterations: int = param(
-            50,
-            "L-BFGS iterations (each up to max_iter evaluations); paper 300 (CPU default 50)",
-            min=1,
-            max=100000,
-        )
-        max_iter: int = param(
-            20, "objective evaluations per L-BFGS iteration (torch default 20)", min=1, max=1000
-        )
-        history: int = param(100, "L-BFGS history size (torch default 100)", min=1, max=10000)
-        lr: float = param(1.0, "L-BFGS step size (paper 1)", min=0, min_open=True)
-        restarts: int = param(
-            1, "independent restarts, optimised as one batch; best by objective", min=1, max=256
-        )
-        init: Literal["randn", "uniform", "patterned"] = param("randn", "image init (paper: randn)")
-        labels: Literal["idlg", "batch", "known", "optimise"] = param("idlg", _LABELS_HELP)
-        pruning_aware: Literal["auto", "on", "off"] = param("auto", _PRUNE_HELP)
+    class Params(DLG.Params):
+        """DLG's parameters; only the label strategy's default differs (the analytic iDLG label)."""
 
-    def settings(self, meta: Any) -> dict[str, Any]:
-        p = self.params
-        return {
-            "cost": "l2",
-            "optimizer": "lbfgs",
-            "lr": p.lr,
-            "iterations": p.iterations,
-            "lbfgs_max_iter": p.max_iter,
-            "lbfgs_history": p.history,
-            "init": p.init,
-            "boxed": True,
-        }
+        labels: Literal["idlg", "batch", "known", "optimise"] = param("idlg", _LABELS_HELP)
 
 
 @register_attack("cpl", "cpl-attack")
 class CPL(InversionAttack, Attack):
     """CPL gradient leakage (Fed-CDP's attack): patterned init, iDLG label, L-BFGS, success threshold."""
 
-    version = "1"
+    version = "2"
     paper = Paper(
         "wei2020cpl",
         "A Framework for Evaluating Client Privacy Leakages in Federated Learning",

@@ -17,11 +17,17 @@ class InversionAttack:
     success_threshold, stop_on_success.
     """
 
-    observation_point = "step"
+    observation_point = "update"
     accepted_points: tuple[str, ...] = ("example", "step", "update")
     family = "reconstruction"
 
     def check(self, scenario: Any) -> str | None:
+        point = self.point_for(scenario)
+        if point not in self.accepted_points:
+            return (
+                f"{self.name} needs a gradient observation ({', '.join(self.accepted_points)}); "
+                f"scenario.observe={point} does not produce one"
+            )
         if getattr(scenario, "loss", "ce") != "ce":
             return (
                 f"{self.name} matches cross-entropy gradients; scenario.loss={scenario.loss} is not supported"

@@ -6,7 +6,11 @@ import typer
 
 from fedbench import __version__
 from fedbench.cli.cache_cmd import cache_app
+from fedbench.cli.compare import compare_cmd
+from fedbench.cli.export_cmd import export_cmd
+from fedbench.cli.leaderboard_cmd import leaderboard_app
 from fedbench.cli.listing import list_cmd, show_cmd
+from fedbench.cli.plot_cmd import plot_app
 from fedbench.cli.running import run_cmd, validate_cmd
 
 app = typer.Typer(
@@ -22,6 +26,10 @@ app.command("list")(list_cmd)
 app.command("show")(show_cmd)
 app.command("run")(run_cmd)
 app.command("validate")(validate_cmd)
+app.command("compare")(compare_cmd)
+app.command("export")(export_cmd)
+app.add_typer(leaderboard_app, name="leaderboard")
+app.add_typer(plot_app, name="plot")
 app.add_typer(cache_app, name="cache")
 
 

@@ -10,11 +10,13 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fedbench.errors import FedbenchError
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# Markup is off: labels like dp-gaussian[sigma=0.1] must print as they are, never as style tags.
+out = Console(soft_wrap=True, markup=False)
+err = Console(stderr=True, soft_wrap=True, markup=False)
 
 
 def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -25,7 +27,7 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(*args, **kwargs)
         except FedbenchError as exc:
-            err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+            err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted")

@@ -57,6 +57,12 @@ def run_cmd(
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
     force: bool = typer.Option(False, "--force", help="Recompute every run and overwrite its cache entry."),
     n_jobs: int = typer.Option(1, "--n-jobs", "-j", min=1, help="Parallel worker processes."),
+    threads: int = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="torch threads per worker [default: cores / n-jobs]; 1 when sharing the CPU.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Expand and check the grid, run nothing."),
     preset_dir: list[Path] = typer.Option(None, "--preset-dir", help="Extra folder of presets; repeatable."),
     plugin: list[Path] = typer.Option(None, "--plugin", help=PLUGIN_HELP),
@@ -75,7 +81,7 @@ def run_cmd(
     """
     from fedbench.cache import RunCache
     from fedbench.grid import build_grid
-    from fedbench.runner import RunContext, check_device
+    from fedbench.runner import RunContext, check_device, preflight
 
     load_plugins(plugin)
     grid = build_grid(
@@ -86,10 +92,13 @@ def run_cmd(
     if dry_run:
         _print_plan(grid)
         return
-    ctx = RunContext(device=check_device(device), data_root=data_root_option(data_root), download=download)
+    ctx = RunContext(
+        device=check_device(device), data_root=data_root_option(data_root), download=download, threads=threads
+    )
+    preflight(list(grid.specs), ctx)  # a missing --data-root fails here, before any output
     cache = RunCache(None if no_cache else cache_dir_option(cache_dir), force=force)
     err.print(
-        f"[bold]{grid.name}[/bold]: {len(grid.specs)} runs (device {ctx.device})"
+        f"{grid.name}: {len(grid.specs)} runs (device {ctx.device})"
         + (f" — {grid.substitution}" if grid.substitution else ""),
         highlight=False,
     )
@@ -97,13 +106,16 @@ def run_cmd(
     counts: Counter = Counter()
     rows, path = _run_with_progress(grid, ctx, cache, output, n_jobs, counts)
     elapsed = time.perf_counter() - started
-    _print_summary(rows)
+    written = _print_summary(rows, path)
     status = ", ".join(f"{counts[s]} {s}" for s in ("done", "cached", "skipped", "failed") if counts[s])
-    err.print(f"{len(rows)} runs in {elapsed:.1f} s ({status}); results: {path}", highlight=False)
+    err.print(f"{len(rows)} runs in {elapsed:.1f} s ({status})", highlight=False)
+    err.print(f"results (CSV): {path}", highlight=False)
+    for what, where in written.items():
+        err.print(f"{what}: {where}", highlight=False)
     for row in rows:
         if row["status"] == "failed":
             err.print(
-                f"[red]failed[/red] {row['run_id']} {row['defense']} {row['attack']}: {row['reason']}",
+                f"failed {row['run_id']} {row['defense']} {row['attack']}: {row['reason']}",
                 highlight=False,
             )
     if counts["failed"]:
@@ -148,15 +160,41 @@ def _run_with_progress(grid, ctx, cache, output, n_jobs, counts):
         return execute_grid(grid, ctx, cache, output, n_jobs=n_jobs, on_event=on_event, command=command)
 
 
-def _print_summary(rows) -> None:
-    import pandas as pd
+def _print_summary(rows, path) -> dict[str, str]:
+    """Print the leaderboard of the run (or the trade-off table when it spans several scenarios);
+    write its markdown and trade-off plot next to the results. Returns {what: where written}."""
+    from fedbench.errors import FedbenchError
 
-    from fedbench.tables import render_rich, summary
+    if path is None or not any(r["status"] == "ok" for r in rows):
+        return {}
+    from fedbench import leaderboard as lb
+    from fedbench.tables import load_results, pivot, to_markdown, to_rich
 
-    frame = pd.DataFrame(rows)
-    table = summary(frame)
-    if len(table):
-        out.print(render_rich(table))
+    rs = load_results([path])
+    written: dict[str, str] = {}
+    try:
+        board, entries = lb.build(rs)
+        table = lb.board_pivot(board, entries, compact=True)
+        markdown = lb.render_readme(board, entries)
+    except FedbenchError:  # several scenarios or no `none` baseline: the plain trade-off table
+        table = pivot(rs)
+        markdown = to_markdown(table)
+    out.print(to_rich(table))
+    md = path.with_suffix(".md")
+    md.write_text(markdown, encoding="utf-8")
+    written["markdown"] = str(md)
+    try:
+        from fedbench.plots import save_tradeoff
+
+        points, ulabel, llabel = lb.tradeoff_points(
+            pivot(rs, rows=["defense"]) if len(table.row_keys) == 1 else pivot(rs)
+        )
+        png = path.with_name(path.stem + "-tradeoff.png")
+        save_tradeoff(points, png, ulabel, llabel, title=str(rs.sidecars[-1].get("description", "")))
+        written["plot"] = str(png)
+    except FedbenchError as exc:
+        written["plot"] = f"not drawn ({exc})"
+    return written
 
 
 def _print_plan(grid) -> None:

@@ -9,6 +9,7 @@ papers that use them, so their epsilon column stays empty.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedbench.api import Defense, HookContext, Paper
 from fedbench.defenses._tensors import clip_global
@@ -16,8 +17,24 @@ from fedbench.params import param
 from fedbench.registry import register_defense
 
 
+class _ClipAndNoise(Defense):
+    """Clip the whole update to L2 norm `params.clip`, then add i.i.d. noise from `noise()`."""
+
+    def noise(self, shape: tuple[int, ...], generator: Any) -> Any:
+        """A float64 CPU tensor of noise of `shape`, drawn from `generator`; None for no noise."""
+        raise NotImplementedError
+
+    def update(self, delta, ctx: HookContext):
+        clipped = clip_global(delta, self.params.clip)
+        out = {}
+        for k, v in clipped.items():
+            noise = self.noise(tuple(v.shape), ctx.generator)
+            out[k] = v if noise is None else v + noise.to(v.device, v.dtype)
+        return out
+
+
 @register_defense("dp-gaussian", "dpg")
-class DPGaussian(Defense):
+class DPGaussian(_ClipAndNoise):
     """Clip the client update to L2 norm `clip`, add Gaussian noise N(0, sigma^2) per coordinate."""
 
     paper = Paper(
@@ -31,20 +48,16 @@ class DPGaussian(Defense):
         sigma: float = param(0.01, "noise standard deviation (absolute, per coordinate)", min=0)
         clip: float = param(1.0, "L2 bound B on the whole client update", min=0, min_open=True)
 
-    def update(self, delta, ctx: HookContext):
+    def noise(self, shape, generator):
         import torch
 
-        clipped = clip_global(delta, self.params.clip)
         if self.params.sigma == 0:
-            return clipped
-        return {
-            k: v + (torch.randn(v.shape, generator=ctx.generator) * self.params.sigma).to(v.device, v.dtype)
-            for k, v in clipped.items()
-        }
+            return None
+        return torch.randn(shape, generator=generator) * self.params.sigma
 
 
 @register_defense("dp-laplace", "dpl")
-class DPLaplace(Defense):
+class DPLaplace(_ClipAndNoise):
     """Clip the client update to L2 norm `clip`, add Laplace(0, b) noise per coordinate."""
 
     paper = Paper(
@@ -58,17 +71,13 @@ class DPLaplace(Defense):
         b: float = param(0.01, "Laplace scale b (absolute, per coordinate; std = b*sqrt(2))", min=0)
         clip: float = param(1.0, "L2 bound B on the whole client update", min=0, min_open=True)
 
-    def update(self, delta, ctx: HookContext):
+    def noise(self, shape, generator):
         import torch
 
-        clipped = clip_global(delta, self.params.clip)
         if self.params.b == 0:
-            return clipped
-        out = {}
-        for k, v in clipped.items():
-            # Laplace(0, b) by inverse CDF from a seeded uniform on (-1/2, 1/2)
-            u = torch.rand(v.shape, generator=ctx.generator, dtype=torch.float64) - 0.5
-            u = u.clamp(-0.5 + 1e-12, 0.5 - 1e-12)
-            noise = -self.params.b * torch.sign(u) * torch.log1p(-2 * u.abs())
-            out[k] = v + noise.to(v.device, v.dtype)
-        return out
+            return None
+        # Laplace(0, b) by inverse CDF from a seeded uniform on (-1/2, 1/2)
+        u = (torch.rand(shape, generator=generator, dtype=torch.float64) - 0.5).clamp(
+            -0.5 + 1e-12, 0.5 - 1e-12
+        )
+        return -self.params.b * torch.sign(u) * torch.log1p(-2 * u.abs())

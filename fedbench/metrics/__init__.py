@@ -4,18 +4,44 @@ from __future__ import annotations
 
 from typing import Any
 
+# Attack `extra` entries copied into the result row: the threat-model switches and outcome details.
+THREAT_MODEL_FIELDS = {
+    "labels_known": "tm_labels_known",
+    "bn_stats_known": "tm_bn_stats_known",
+    "label_strategy": "tm_label_strategy",
+    "pruning_aware": "tm_pruning_aware",
+}
+OUTCOME_FIELDS = {"success": "attack_success", "iterations_to_success": "iterations_to_success"}
+
 
 def attack_metrics(attack: Any, result: dict[str, Any]) -> dict[str, Any]:
-    """Result-row columns for one attack run, by the attack's family."""
+    """Result-row columns for one attack run, by the attack's family.
+
+    Keys starting with '_' are detail for the JSON sidecar, not CSV columns. Every row also records
+    the threat model the attack ran under: the observation point, round and kind, and the switches
+    the attack reports (labels known, BN statistics known, ...).
+    """
     output, truth = result["output"], result["truth"]
+    extra = output.get("extra") or {}
+    obs = result.get("observation", {})
+    row: dict[str, Any] = {
+        "tm_observation": obs.get("point"),
+        "tm_observation_kind": obs.get("kind"),
+        "tm_observed_examples": obs.get("examples"),
+    }
+    for key, column in {**THREAT_MODEL_FIELDS, **OUTCOME_FIELDS}.items():
+        if key in extra:
+            row[column] = extra[key]
     if attack.family == "reconstruction":
         from fedbench.metrics.reconstruction import score_reconstruction
 
         images = output.get("images")
         if images is None or "images" not in truth:
-            return {}
+            return row
         scores = score_reconstruction(
             truth["images"], images, y_true=truth.get("y"), y_pred=output.get("labels")
         )
-        return dict(scores.summary())
-    return {}
+        # per-image values go to the JSON sidecar (the worst case over attacks is taken per input)
+        row.update(scores.summary())
+        row["_per_image"] = scores.per_image()
+    return row

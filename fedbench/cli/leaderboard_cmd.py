@@ -1,0 +1,92 @@
+"""`fedbench leaderboard render|check|show`: the committed boards under ./leaderboards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from fedbench.cli._common import err, handle_errors, out
+
+leaderboard_app = typer.Typer(
+    help="Render, check and show the leaderboards (JSON entries -> leaderboard.csv, README.md).\n\n"
+    "Examples:\n\n  fedbench leaderboard render\n\n  fedbench leaderboard check\n\n"
+    "  fedbench leaderboard show mnist5k-mlp-fedavg",
+    no_args_is_help=True,
+)
+DIR_HELP = "Folder holding the boards."
+
+
+@leaderboard_app.command("render")
+@handle_errors
+def render_cmd(
+    board: list[str] = typer.Argument(None, help="Board name(s) [default: all]."),
+    root: Path = typer.Option(Path("leaderboards"), "--dir", help=DIR_HELP),
+) -> None:
+    """Regenerate leaderboard.csv and README.md of the boards (and the index) from their entries.
+
+    Examples:
+
+      fedbench leaderboard render
+
+      fedbench leaderboard render mnist5k-mlp-fedavg --dir leaderboards
+    """
+    from fedbench.leaderboard import render
+
+    changed = render(root, board or None)
+    for path in changed:
+        err.print(f"wrote {path}", highlight=False)
+    if not changed:
+        err.print("all rendered files are up to date", highlight=False)
+
+
+@leaderboard_app.command("check")
+@handle_errors
+def check_cmd(
+    board: list[str] = typer.Argument(None, help="Board name(s) [default: all]."),
+    root: Path = typer.Option(Path("leaderboards"), "--dir", help=DIR_HELP),
+) -> None:
+    """Validate the entries and fail (exit 1) when a rendered file is stale.
+
+    Examples:
+
+      fedbench leaderboard check
+
+      fedbench leaderboard check mnist5k-mlp-fedavg --dir leaderboards
+    """
+    from fedbench.leaderboard import stale
+
+    bad = stale(root, board or None)
+    if bad:
+        err.print(
+            f"[red]stale:[/red] {', '.join(str(p) for p in bad)}; run 'fedbench leaderboard render'",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    err.print(f"{root}: entries valid, rendered files up to date", highlight=False)
+
+
+@leaderboard_app.command("show")
+@handle_errors
+def show_cmd(
+    board: str = typer.Argument(..., help="Board name."),
+    root: Path = typer.Option(Path("leaderboards"), "--dir", help=DIR_HELP),
+    fmt: str = typer.Option("rich", "--format", "-f", help="rich, markdown, latex, csv or json."),
+) -> None:
+    """Print a board, ranked by Pareto rank.
+
+    Examples:
+
+      fedbench leaderboard show mnist5k-mlp-fedavg
+
+      fedbench leaderboard show mnist5k-mlp-fedavg --format markdown
+    """
+    from fedbench.cli.compare import emit
+    from fedbench.leaderboard import board_pivot, check_board_name, load_board
+    from fedbench.tables import render
+
+    check_board_name(root, board)
+    b, entries = load_board(root / board)
+    emit(render(board_pivot(b, entries), fmt), fmt)
+    if fmt == "rich":
+        out.print(f"command: {b.command}", highlight=False)
