@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # heavy imports only for type checkers
     import torch
     from torch import nn
 
-ObservationPoint = Literal["example", "step", "update", "aggregate", "model"]
-OBSERVATION_POINTS: tuple[str, ...] = ("example", "step", "update", "aggregate", "model")
+ObservationPoint = Literal["example", "step", "update", "server", "aggregate", "model"]
+OBSERVATION_POINTS: tuple[str, ...] = ("example", "step", "update", "server", "aggregate", "model")
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Scenario:
     server_lr: float = param(1.0, "server learning rate on the averaged update", min=0, min_open=True)
     loss: Literal["ce", "mse"] = param("ce", "training loss (mse uses one-hot targets)")
     model_mode: Literal["train", "eval"] = param("train", "model mode while clients compute gradients")
-    observe: Literal["default", "example", "step", "update", "aggregate", "model"] = param(
+    observe: Literal["default", "example", "step", "update", "server", "aggregate", "model"] = param(
         "default", "observation point of the attack (default: the attack's own, usually update)"
     )
     observe_round: int = param(0, "round at which the attacker observes", min=0)
@@ -194,7 +194,8 @@ class HookContext:
     """What a defense hook is told about where it is called.
 
     `generator` is a torch.Generator seeded from (run seed, round, client, hook), so noise is
-    reproducible and independent between clients and rounds.
+    reproducible and independent between clients and rounds. `x`/`y` are the current local batch in
+    the `per_example` and `step` hooks (Soteria needs the inputs behind the gradient), else None.
     """
 
     round: int
@@ -204,6 +205,8 @@ class HookContext:
     generator: Any
     model: Any = None
     meta: DatasetMeta | None = None
+    x: Any = None
+    y: Any = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,10 @@ class Defense(Plugin):
 
     def update(self, delta: dict[str, torch.Tensor], ctx: HookContext) -> dict[str, torch.Tensor]:
         """Once per round, the update the client shares (gradient in FedSGD, weight delta in FedAvg)."""
+        return delta
+
+    def receive(self, delta: dict[str, torch.Tensor], ctx: HookContext) -> dict[str, torch.Tensor]:
+        """At the server, each client's update as received, before aggregation (Fed-SDP server noise)."""
         return delta
 
     def aggregate(

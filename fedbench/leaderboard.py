@@ -163,6 +163,7 @@ def _stat(c: Cell | None) -> dict[str, Any] | None:
     }
     if c.attack:
         out["attack"] = c.attack
+        out["per_input"] = c.per_input
     return out
 
 
@@ -220,9 +221,13 @@ def build(
     if suite and headline not in wanted:
         wanted.insert(0, headline)
     wanted = [m for m in wanted if m in ok and ok[m].notna().any()] if suite else []
-    p = pivot(ok, metrics=wanted + ["utility_seconds"] if wanted else None, rows=["defense"], agg="mean")
-    if not suite:
-        p = pivot(ok, metrics=["utility_seconds"], rows=["defense"], agg="mean")
+    p = pivot(
+        ok,
+        metrics=(wanted if suite else []) + ["utility_seconds"],
+        rows=["defense"],
+        agg="mean",
+        per_image=results.per_image,
+    )
     scenario = {c: _first(ok[c]) for c in sl}
     sidecar = results.sidecars[-1] if results.sidecars else {}
     board = Board(
@@ -467,7 +472,12 @@ def _cell(stat: dict[str, Any] | None) -> Cell:
     if not stat:
         return Cell(None)
     return Cell(
-        stat["mean"], stat.get("spread"), stat.get("spread_kind", ""), stat["n"], stat.get("attack", "")
+        stat["mean"],
+        stat.get("spread"),
+        stat.get("spread_kind", ""),
+        stat["n"],
+        stat.get("attack", ""),
+        per_input=bool(stat.get("per_input")),
     )
 
 
@@ -495,14 +505,15 @@ def short_labels(suite: Sequence[str]) -> dict[str, str]:
 def board_pivot(board: Board, entries: list[dict[str, Any]], compact: bool = False) -> Pivot:
     """The leaderboard as a `Pivot` (rank column first), for markdown and rich rendering.
 
-    `compact` (the terminal view after `fedbench run`): accuracy, drop, epsilon, the headline metric
-    per attack (attack names without parameters) and its worst case; no cost column.
+    `compact` (the terminal view after `fedbench run`): accuracy, drop, epsilon and the worst case of
+    the headline metric (attack named without parameters); per-attack and cost columns are left to
+    the markdown.
     """
     rows = ranked(board, entries)
     short = short_labels(board.attack_suite) if compact else {a: a for a in board.attack_suite}
     cols: list[Column] = [Column(n, METRICS[n]) for n in ("test_acc", "acc_drop", "epsilon")]
     head = METRICS[board.headline]
-    if len(board.attack_suite) > 1:
+    if len(board.attack_suite) > 1 and not compact:
         cols += [Column(f"{a}:{head.name}", head, short[a]) for a in board.attack_suite]
     shown = [board.headline] if compact else list(board.metrics)
     cols += [Column(f"{WORST}:{m}", METRICS[m], WORST) for m in shown if m in board.metrics]
@@ -619,7 +630,9 @@ def render_readme(board: Board, entries: list[dict[str, Any]]) -> str:
         *_views_section(board, entries),
         "Columns: accuracy of the FL-trained global model (%); drop vs `none` in percentage points "
         "(paired by seed); epsilon for DP-accounted defenses (— otherwise); per-attack leakage and the "
-        "worst case over the attack suite, with the attack that achieved it; training time in seconds.",
+        f"worst case over the attack suite ({board.headline}: "
+        f"{_worst_rule(entries, board.headline)}), with the attack that achieved it "
+        "(on most inputs); training time in seconds.",
         "",
         "## Regenerate",
         "",
@@ -633,6 +646,14 @@ def render_readme(board: Board, entries: list[dict[str, Any]]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _worst_rule(entries: list[dict[str, Any]], headline: str) -> str:
+    stats = [(e["metrics"].get("worst_case") or {}).get(headline) for e in entries]
+    stats = [st for st in stats if st]
+    if stats and all(st.get("per_input") for st in stats):
+        return "taken per input image, then averaged over images and seeds"
+    return "the leakiest attack per run, averaged over seeds"
 
 
 def _views_section(board: Board, entries: list[dict[str, Any]]) -> list[str]:

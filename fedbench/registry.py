@@ -34,6 +34,8 @@ _BUILTIN_MODULES = (
     "fedbench.defenses.basic",
     "fedbench.defenses.dp",
     "fedbench.defenses.sparsification",
+    "fedbench.defenses.fed_dp",
+    "fedbench.defenses.soteria",
     "fedbench.attacks.gradient_matching",
     "fedbench.attacks.inverting_gradients",
 )

@@ -10,10 +10,15 @@ Worst case over the suite is computed per input then aggregated when the results
 per-image scores (`per_image` keyed by run_id); otherwise per (configuration, seed) from the
 row-level means, the attack achieving it is named either way. Thresholds in `--budget`/`--target`
 use the units shown in the tables (accuracy and drops in percent / percentage points).
+
+Paper numbers (`--reported`) come from the presets' `[[reported]]` rows in the sidecar: a `defense`
+pattern, an optional `attack` pattern, and metric values in results units (accuracy as a fraction),
+e.g. `{ defense = "dp-gaussian[sigma=0.01]", attack = "idlg", psnr = 14.2, source = "Table 2" }`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -266,6 +271,7 @@ class Cell:
     n: int = 0
     attack: str = ""  # worst-case cells: the attack that achieved it
     reported: float | None = None
+    per_input: bool = False  # worst-case cells: taken per input (image) before averaging
 
     @property
     def diff(self) -> float | None:
@@ -343,11 +349,13 @@ def _key(values: Any) -> tuple[str, ...]:
     return tuple(_as_text(v) for v in (values if isinstance(values, tuple) else (values,)))
 
 
-def utility_frame(frame):
-    """One row per utility run (defense config x seed), with `acc_drop` vs `none` of the same seed."""
+def utility_frame(frame, row_keys: Sequence[str] = ()):
+    """One row per utility run (defense config x seed; x row keys such as attack that vary within one),
+    with `acc_drop` vs `none` of the same slice and seed."""
     ok = frame[frame["status"] == "ok"]
     cols = [c for c in ok.columns if not c.startswith("_")]
-    util = ok.drop_duplicates(subset=["utility_id"] if "utility_id" in ok.columns else None)[cols].copy()
+    subset = ["utility_id", *[k for k in row_keys if k in ok.columns]] if "utility_id" in ok.columns else None
+    util = ok.drop_duplicates(subset=subset)[cols].copy()
     sl = slice_columns(util)
     keys = sl + ["seed"]
     base = util[util["defense"] == "none"]
@@ -397,6 +405,7 @@ def worst_case(frame, m: Metric, by: Sequence[str], per_image: dict[str, dict[st
         if grp.empty:
             continue
         arrays = [(per_image or {}).get(r, {}).get(m.name) for r in grp["run_id"]]
+        arrays = [a if a is not None and all(v is not None for v in a) else None for a in arrays]
         lengths = {len(a) for a in arrays if a is not None}
         if per_image and all(a is not None for a in arrays) and len(lengths) == 1:
             mat = np.asarray(arrays, dtype=float) * sign  # attacks x images, larger = leakier
@@ -450,10 +459,12 @@ def pivot(
     where: Sequence[str] = (),
     reported: bool = False,
     title: str = "",
+    per_image: dict[str, dict[str, list]] | None = None,
 ) -> Pivot:
-    """The trade-off table of a `ResultSet` (or a results DataFrame)."""
+    """The trade-off table of a `ResultSet` (or a results DataFrame with its `per_image` scores)."""
     frame = results.frame if isinstance(results, ResultSet) else results
-    per_image = results.per_image if isinstance(results, ResultSet) else {}
+    if per_image is None:
+        per_image = results.per_image if isinstance(results, ResultSet) else {}
     if agg not in ("mean", "median", "worst"):
         raise FedbenchError(f"--agg {agg}: use mean, median or worst")
     frame = apply_where(frame, where)
@@ -478,7 +489,7 @@ def pivot(
         if m.name not in ok.columns:
             raise FedbenchError(f"metric '{m.name}' is not in these results (no attack produced it)")
 
-    util = utility_frame(ok)
+    util = utility_frame(ok, row_keys)
     order = list(dict.fromkeys(_key(tuple(r[c] for c in row_keys)) for _, r in ok.iterrows()))
     cells: dict[tuple[str, ...], dict[str, Cell]] = {k: {} for k in order}
     columns: list[Column] = [Column(m.name, m) for m in per_defense]
@@ -496,23 +507,30 @@ def pivot(
     groups = list(dict.fromkeys(_key(tuple(r[c] for c in col_keys)) for _, r in attacked.iterrows()))
     for m in leak:
         for g in groups:
-            label = " ".join(x for x in g if x)
+            label = " ".join(
+                (x if c == "attack" else f"{c}={x}") for c, x in zip(col_keys, g, strict=True) if x
+            )
             col = Column(f"{label}:{m.name}", m, label)
             columns.append(col)
             sub = attacked[[_key(tuple(r[c] for c in col_keys)) == g for _, r in attacked.iterrows()]]
             for k, grp in keyed(sub, row_keys):
                 cells[_key(k)][col.key] = aggregate(list(grp[m.name].astype(float)), m, agg)
-        if col_keys == ["attack"] and len(groups) > 1:
+        if col_keys == ["attack"] and len(groups) > 1 and "attack" not in row_keys:
             col = Column(f"{WORST}:{m.name}", m, WORST)
             columns.append(col)
-            by: dict[tuple[str, ...], list[tuple[float, str]]] = {}
-            for k, _seed, value, att, _per_input in worst_case(attacked, m, row_keys, per_image):
-                by.setdefault(k, []).append((value, att))
+            by: dict[tuple[str, ...], list[tuple[float, str, bool]]] = {}
+            for k, _seed, value, att, per_input in worst_case(attacked, m, row_keys, per_image):
+                by.setdefault(k, []).append((value, att, per_input))
             for k, items in by.items():
-                cell = aggregate([v for v, _ in items], m, agg)
-                top = Counter(a for _, a in items).most_common(1)[0][0]
+                cell = aggregate([v for v, _, _ in items], m, agg)
+                top = Counter(a for _, a, _ in items).most_common(1)[0][0]
                 cells.setdefault(k, {})[col.key] = Cell(
-                    cell.value, cell.spread, cell.spread_kind, cell.n, top
+                    cell.value,
+                    cell.spread,
+                    cell.spread_kind,
+                    cell.n,
+                    top,
+                    per_input=all(p for *_, p in items),
                 )
 
     if reported:
@@ -535,7 +553,7 @@ def pivot(
                     value = found[0] if found else None
                 if value is not None and col.key in row_cells:
                     c = row_cells[col.key]
-                    row_cells[col.key] = Cell(c.value, c.spread, c.spread_kind, c.n, c.attack, value)
+                    row_cells[col.key] = dataclasses.replace(c, reported=value)
     # drop columns with no value at all (e.g. epsilon for non-DP grids is kept: the schema asks for it)
     columns = [c for c in columns if c.key == "epsilon" or any(c.key in r for r in cells.values())]
     return Pivot(

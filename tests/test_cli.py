@@ -232,3 +232,14 @@ def test_show_run_saves_images_and_prints_an_exact_rerun_command(tmp_path):
 def test_show_run_unknown_id(tmp_path):
     res = invoke("show", "run", "deadbeef00", "--results", str(tmp_path))
     assert res.exit_code == 2 and "not found" in res.output
+
+
+def test_preset_dir_adds_a_folder(tmp_path):
+    folder = tmp_path / "presets"
+    folder.mkdir()
+    (folder / "mine.toml").write_text('[grid]\nname = "mine"\ndescription = "my grid"\n[scenario]\nrounds = 1\n'
+                                      '[[dataset]]\nname = "digits"\n[[model]]\nname = "mlp"\n')
+    assert "mine" in invoke("list", "presets", "--preset-dir", str(folder)).output
+    res = invoke("validate", "mine", "--preset-dir", str(folder))
+    assert res.exit_code == 0 and "1 runs" in res.output
+    assert invoke("validate", "mine").exit_code == 2  # not found without the folder

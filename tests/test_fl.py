@@ -218,3 +218,24 @@ def test_divergence_is_a_run_failure(digits):
 def test_too_many_clients_is_a_clear_error(digits):
     with pytest.raises(FedbenchError, match="exceeds the 10 training examples"):
         _sim(digits, clients=20, train_size=10)
+
+
+class _ZeroingServer:
+    """A malicious server that sends all-zero weights in round 0 (test only)."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def broadcast(self, state, rnd):
+        self.rounds.append(rnd)
+        return {k: torch.zeros_like(v) if rnd == 0 else v for k, v in state.items()}
+
+
+def test_malicious_server_replaces_the_model_it_sends(digits):
+    server = _ZeroingServer()
+    sc = Scenario.from_dict(dict(clients=3, rounds=2, train_size=60, test_size=30))
+    sim = Simulation(sc, digits, _factory(digits), create_defense("none"), 0,
+                     observe=ObservationRequest("update", 0, 1), server_hook=server)
+    obs = sim.run().observation
+    assert server.rounds == [0, 1]
+    assert all(float(v.abs().sum()) == 0 for v in obs.global_state.values())  # the victim got the poison

@@ -65,6 +65,7 @@ def test_entries_hold_numbers_seeds_run_ids_and_provenance(board_root):
         "spread_kind": "std",
         "n": 2,
         "attack": "ig",
+        "per_input": False,  # no per-image scores in this results file
     }
     assert e["metrics"]["epsilon"] is None
     assert e["fedbench_version"] == "0.1.0" and e["date"] == "2026-01-02"
@@ -149,3 +150,13 @@ def test_board_views_from_the_preset_board_table(tmp_path):
     bad = write_synthetic(tmp_path / "b.csv", sidecar={"board": {"budget": "acc_drop"}})
     with pytest.raises(FedbenchError, match="metric<=number"):
         lb.build(load_results([bad]))
+
+
+def test_worst_case_per_input_is_recorded_in_entries(tmp_path):
+    rows = make_rows(seeds=(0,))
+    per_image = {r["run_id"]: {"psnr": [r["psnr"] + 1.0, r["psnr"] - 1.0]} for r in rows}
+    path = write_synthetic(tmp_path / "pi.csv", rows, {"per_image": per_image})
+    board, entries = lb.build(load_results([path]))
+    stat = {e["defense"]: e for e in entries}["none"]["metrics"]["worst_case"]["psnr"]
+    assert stat["per_input"] is True and stat["mean"] == 30.0  # max(31, 26) and max(29, 24), averaged
+    assert "taken per input image" in lb.render_readme(board, entries)

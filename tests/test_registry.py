@@ -97,7 +97,7 @@ def test_plugin_file_registers(tmp_path):
     try:
         registry.load_plugin_file(path)
         assert registry.defenses.get("halve").name == "test-halve"
-        assert [c.name for c in registry.defenses.list("test-*")] == ["test-halve"]
+        assert [c.name for c in registry.defenses.list("test-hal*")] == ["test-halve"]
     finally:
         registry.defenses.unregister("test-halve")
 

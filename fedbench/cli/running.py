@@ -67,9 +67,10 @@ def run_cmd(
     preset_dir: list[Path] = typer.Option(None, "--preset-dir", help="Extra folder of presets; repeatable."),
     plugin: list[Path] = typer.Option(None, "--plugin", help=PLUGIN_HELP),
 ) -> None:
-    """Run a grid of (dataset, model, defense, attack, seed) and print accuracy per defense.
+    """Run a grid of (dataset, model, defense, attack, seed); print the ranked leaderboard.
 
-    With no arguments it runs the quickstart preset on shipped data.
+    With no arguments it runs the quickstart preset on shipped data. Writes the results CSV (+ JSON
+    sidecar), a markdown table and a trade-off plot to --output.
 
     Examples:
 

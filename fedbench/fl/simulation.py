@@ -12,6 +12,16 @@ Protocols (the message a client shares):
   weight delta w_end - w_start; the server applies w <- w + server_lr * weighted_mean(deltas).
 With one local step on the same batch and server_lr 1 the two give the same model (tested).
 Clients are weighted by their number of examples; buffers (BatchNorm statistics) are averaged.
+
+Observation points and the leakage types of Fed-CDP (spec 002 §1):
+- `example` (type-2): one example's gradient at the first local step of the observed round, after
+  the defense's `per_example` hook (sanitised under Fed-CDP, raw otherwise);
+- `step`: the first local step's batch gradient, after `per_example` and `step`;
+- `update` (type-1, and type-0 when the defense adds nothing at the server): the client's round
+  update as it leaves the client, after the `update` hook;
+- `server` (type-0): the same update as the server holds it, after the server-side `receive` hook
+  (Fed-SDP with server-side noise), before aggregation;
+- `aggregate`: the server's aggregate; `model`: the final global model.
 """
 
 from __future__ import annotations
@@ -155,7 +165,9 @@ class Simulation:
         self._needs_per_example = defense.implements("per_example")
 
     # ------------------------------------------------------------------------------------ helpers
-    def _ctx(self, rnd: int, client: int, step: int, purpose: str) -> HookContext:
+    def _ctx(
+        self, rnd: int, client: int, step: int, purpose: str, x: Any = None, y: Any = None
+    ) -> HookContext:
         return HookContext(
             round=rnd,
             client=client,
@@ -164,6 +176,8 @@ class Simulation:
             generator=torch_generator(self.seed, purpose, rnd, client, step),
             model=self.model,
             meta=self.meta,
+            x=x,
+            y=y,
         )
 
     def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,12 +264,13 @@ class Simulation:
                 batches = self._batches(client, rnd, len(y), epoch=step // len(batches))
             idx = batches[step % len(batches)]
             seen.append(idx)
-            ctx = self._ctx(rnd, client, step, "step")
+            ctx = self._ctx(rnd, client, step, "step", x[idx], y[idx])
             want_example = watching and obs.point == "example" and step == 0
             grad, loss, examples = self._gradient(x[idx], y[idx], ctx, want_example)
             if want_example:
                 one = {k: v[:1] for k, v in examples.items()}
-                leaked = self.defense.per_example(one, self._ctx(rnd, client, step, "example"))
+                one_ctx = self._ctx(rnd, client, step, "example", x[idx[:1]], y[idx[:1]])
+                leaked = self.defense.per_example(one, one_ctx)
                 self._record("example", rnd, client, leaked, "gradient", received, x[idx[:1]], y[idx[:1]])
             if self.defense.implements("step"):
                 grad = self.defense.step(grad, ctx)
@@ -273,10 +288,13 @@ class Simulation:
         if self.defense.implements("update"):
             shared = self.defense.update(shared, self._ctx(rnd, client, 0, "update"))
         _check_finite(shared, f"of client {client}'s update in round {rnd}")
-        if watching and obs.point == "update":
+        if watching and obs.point in ("update", "server"):
             used = torch.unique(torch.cat(seen))
             kind = "gradient" if self.sc.protocol == "fedsgd" else "delta"
-            self._record("update", rnd, client, shared, kind, received, x[used], y[used], steps)
+            if obs.point == "update":
+                self._record("update", rnd, client, shared, kind, received, x[used], y[used], steps)
+            else:  # recorded by the server after `receive`
+                self._pending_server = (kind, received, x[used], y[used], steps)
         self._last_buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
         return shared, len(y), sum(losses) / len(losses)
 
@@ -331,6 +349,13 @@ class Simulation:
             updates, weights, buffers, losses = [], [], [], []
             for client in self._participants(rnd):
                 shared, n, loss = self.local_update(client, rnd, sent)
+                if self.defense.implements("receive"):
+                    shared = self.defense.receive(shared, self._ctx(rnd, client, 0, "receive"))
+                    _check_finite(shared, f"of client {client}'s update at the server in round {rnd}")
+                obs = self.observe
+                if obs is not None and obs.point == "server" and obs.round == rnd and obs.client == client:
+                    kind, received, xs, ys, steps = self._pending_server
+                    self._record("server", rnd, client, shared, kind, received, xs, ys, steps)
                 updates.append(shared)
                 weights.append(float(n))
                 buffers.append(self._last_buffers)

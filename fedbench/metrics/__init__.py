@@ -33,7 +33,7 @@ def attack_metrics(attack: Any, result: dict[str, Any]) -> dict[str, Any]:
         if key in extra:
             row[column] = extra[key]
     if attack.family == "reconstruction":
-        from fedbench.metrics.reconstruction import score_reconstruction
+        from fedbench.metrics.reconstruction import random_baseline, score_reconstruction
 
         images = output.get("images")
         if images is None or "images" not in truth:
@@ -43,5 +43,8 @@ def attack_metrics(attack: Any, result: dict[str, Any]) -> dict[str, Any]:
         )
         # per-image values go to the JSON sidecar (the worst case over attacks is taken per input)
         row.update(scores.summary())
+        # the floor: uniform random images scored the same way (an attack at this level leaked nothing)
+        floor = random_baseline(truth["images"], seed=0)
+        row["psnr_random"], row["ssim_random"] = floor["psnr"], floor["ssim"]
         row["_per_image"] = scores.per_image()
     return row

@@ -1,0 +1,189 @@
+"""Per-example gradients and Fed-CDP local steps, as ratios to a plain batch gradient in the same run.
+
+For each model (an MLP 784-256-256-10 and Fed-CDP's CNN at 1x28x28) and batch size, on the same
+weights and batch:
+- `batch gradient`: one backward pass of the mean loss (the baseline, ratio 1);
+- `fedbench torch.func`: `fedbench.fl.per_example.per_example_grads` (vmap over grad);
+- `opacus hooks` / `opacus ew`: Opacus `GradSampleModule` (grad_sample_mode hooks, and
+  ExpandedWeights when it supports the model), forward + backward, reading `p.grad_sample`;
+- `python loop`: one backward pass per example.
+and a full local step (gradient + SGD update) without a defense vs with `fed-cdp` (per-example
+gradients, per-layer clipping, noise). All per-example methods are checked to agree (1e-5).
+
+    python benchmarks/bench_per_example.py --out benchmarks/results/per_example.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+
+def timeit(fn, repeats: int, warmup: int = 2) -> float:
+    """Fastest of `repeats` calls after `warmup` calls (seconds): the least disturbed by other
+    processes on a shared CPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict]:
+    import copy
+
+    import torch
+    from opacus import GradSampleModule
+    from opacus.grad_sample import get_gsm_class
+
+    from fedbench.api import HookContext, Scenario
+    from fedbench.facade import create_defense
+    from fedbench.fl.losses import loss_function
+    from fedbench.fl.per_example import per_example_grads
+
+    torch.manual_seed(0)
+    model = model_factory()
+    x = torch.randn(batch, 1, 28, 28)
+    y = torch.randint(0, 10, (batch,))
+    loss_fn = loss_function("ce")
+    params = [p for p in model.parameters()]
+    names = [n for n, _ in model.named_parameters()]
+
+    def batch_grad():
+        return torch.autograd.grad(loss_fn(model(x), y), params)
+
+    def func_grads():
+        return per_example_grads(model, x, y, loss_fn)
+
+    def loop_grads():
+        return [torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]), params) for i in range(batch)]
+
+    def opacus(mode: str):
+        if mode == "functorch":
+            gsm = GradSampleModule(copy.deepcopy(model), loss_reduction="mean", force_functorch=True)
+        else:
+            gsm = get_gsm_class(mode)(copy.deepcopy(model), batch_first=True, loss_reduction="mean")
+        gp = [p for p in gsm.parameters()]
+
+        def run():
+            for p in gp:
+                p.grad_sample = None
+                p.grad = None
+            loss_fn(gsm(x), y).backward()
+            return [p.grad_sample for p in gp]
+
+        return run
+
+    # correctness: every per-example method equals torch.func (Opacus scales by B for mean reduction)
+    ref = func_grads()
+    loop = loop_grads()
+    for i, n in enumerate(names):
+        assert torch.allclose(torch.stack([g[i] for g in loop]), ref[n], atol=1e-5), n
+    rows = []
+    base = timeit(batch_grad, repeats)
+    methods = [("batch gradient (baseline)", batch_grad), ("fedbench torch.func", func_grads)]
+    for mode, label in (("hooks", "opacus hooks"), ("functorch", "opacus functorch"), ("ew", "opacus ew")):
+        try:
+            run = opacus(mode)
+            got = run()
+            for i, n in enumerate(names):
+                assert torch.allclose(got[i], ref[n], atol=1e-5), (mode, n)
+            methods.append((f"{label} (GradSampleModule)", run))
+        except Exception as exc:  # ExpandedWeights does not support every layer
+            rows.append(
+                {"model": name, "batch": batch, "method": label, "error": f"{type(exc).__name__}: {exc}"}
+            )
+    methods.append(("python loop", loop_grads))
+    for label, fn in methods:
+        t = base if fn is batch_grad else timeit(fn, repeats)
+        rows.append({"model": name, "batch": batch, "method": label, "ms": t * 1e3, "ratio": t / base})
+
+    # one local step: non-private vs Fed-CDP (sigma 6, C 4)
+    defense = create_defense("fed-cdp")
+    ctx = HookContext(
+        round=0, client=0, step=0, scenario=Scenario(), generator=torch.Generator().manual_seed(0)
+    )
+
+    def step_plain():
+        g = batch_grad()
+        with torch.no_grad():
+            for p, gi in zip(params, g, strict=True):
+                p.sub_(gi, alpha=0.0)
+
+    def step_cdp():
+        g = defense.per_example(per_example_grads(model, x, y, loss_fn), ctx)
+        with torch.no_grad():
+            for p, n in zip(params, names, strict=True):
+                p.sub_(g[n], alpha=0.0)
+
+    t_plain = timeit(step_plain, repeats)
+    t_cdp = timeit(step_cdp, repeats)
+    rows.append(
+        {
+            "model": name,
+            "batch": batch,
+            "method": "local step, non-private",
+            "ms": t_plain * 1e3,
+            "ratio": t_plain / base,
+        }
+    )
+    rows.append(
+        {
+            "model": name,
+            "batch": batch,
+            "method": "local step, fed-cdp",
+            "ms": t_cdp * 1e3,
+            "ratio": t_cdp / base,
+        }
+    )
+    return rows
+
+
+def main() -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="write JSON results here")
+    ap.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)")
+    args = ap.parse_args()
+    import torch
+
+    from fedbench.fl.simulation import fast_float_mode
+    from fedbench.models import build_model
+
+    torch.set_num_threads(args.threads)
+    fast_float_mode()
+    models = {
+        "mlp 784-256-256-10": lambda: build_model("mlp", {"hidden": [256, 256]}, (1, 28, 28), 10),
+        "cdp-cnn (Fed-CDP CNN)": lambda: build_model("cdp-cnn", {}, (1, 28, 28), 10),
+    }
+    batches = [5, 64] if args.quick else [5, 32, 128]
+    repeats = 5 if args.quick else 15
+    rows = []
+    for name, factory in models.items():
+        for batch in batches:
+            rows.extend(bench_model(name, factory, batch, repeats))
+    print("| model | B | method | ms | x batch gradient |\n|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['model']} | {r['batch']} | {r['method']} | n/a: {r['error'][:60]} | |")
+        else:
+            print(f"| {r['model']} | {r['batch']} | {r['method']} | {r['ms']:.2f} | {r['ratio']:.2f} |")
+    result = {
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "rows": rows,
+    }
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""`fedbench epsilon`: epsilon of DP-SGD-style training (sampled Gaussian mechanism), or its inverse."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from fedbench.cli._common import handle_errors, out
+from fedbench.errors import FedbenchError
+
+_ACC_HELP = "Accountant: rdp (Opacus RDP, default), prv (Opacus PRV), paper (= --paper-compat)."
+
+
+@handle_errors
+def epsilon_cmd(
+    sigma: float = typer.Option(None, "--sigma", help="Noise multiplier (noise std / clipping bound)."),
+    q: float = typer.Option(None, "--q", "--sample-rate", help="Sampling rate per step, in (0, 1]."),
+    steps: int = typer.Option(None, "--steps", help="Number of noisy steps (Fed-CDP: T*L; Fed-SDP: T)."),
+    delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1)."),
+    target_epsilon: float = typer.Option(
+        None, "--target-epsilon", help="Inverse: print the smallest sigma reaching this epsilon."
+    ),
+    paper_compat: bool = typer.Option(
+        False,
+        "--paper-compat",
+        help="The Fed-CDP paper's accounting (TF-Privacy orders, old RDP conversion); reproduces Table VI.",
+    ),
+    accountant: str = typer.Option("rdp", "--accountant", help=_ACC_HELP),
+    table_vi: bool = typer.Option(
+        False, "--table-vi", help="Print the Fed-CDP paper's Table VI beside the paper-compatible values."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Privacy epsilon of `steps` sampled Gaussian steps (sigma, q) at delta, or sigma for a target.
+
+    Examples:
+
+      fedbench epsilon --sigma 6 --q 0.01 --steps 10000 --delta 1e-5
+
+      fedbench epsilon --sigma 6 --q 0.01 --steps 10000 --delta 1e-5 --paper-compat
+
+      fedbench epsilon --target-epsilon 1.0 --q 0.01 --steps 10000 --delta 1e-5
+    """
+    from fedbench.metrics import accounting as acc
+
+    if paper_compat:
+        if accountant not in ("rdp", "paper"):
+            raise FedbenchError(
+                f"--paper-compat selects the paper accountant; drop --accountant {accountant}"
+            )
+        accountant = "paper"
+    acc.validate(accountant=accountant)
+    if table_vi:
+        rows = table_vi_rows()
+        if as_json:
+            out.print(json.dumps(rows, indent=2), highlight=False)
+            return
+        out.print(
+            "| dataset | T | cell | steps | q | epsilon (paper-compat) | paper | |diff| |\n"
+            "|---|---|---|---|---|---|---|---|",
+            highlight=False,
+        )
+        for r in rows:
+            out.print(
+                f"| {r['dataset']} | {r['T']} | {r['cell']} | {r['steps']} | {r['q']} | {r['epsilon']:.5f} | "
+                f"{r['paper']} | {abs(r['epsilon'] - r['paper']):.1e} |",
+                highlight=False,
+            )
+        return
+    for name, value in (("--q", q), ("--steps", steps)):
+        if value is None:
+            raise FedbenchError(f"{name} is required (e.g. --sigma 6 --q 0.01 --steps 10000)")
+    if target_epsilon is not None:
+        if sigma is not None:
+            raise FedbenchError(
+                "give either --sigma (epsilon for it) or --target-epsilon (sigma for it), not both"
+            )
+        res = acc.sigma_for_epsilon(target_epsilon, q, steps, delta, accountant)  # type: ignore[arg-type]
+        record = _record(res) | {"target_epsilon": target_epsilon}
+        text = (
+            f"sigma = {res.sigma:.4f}  (epsilon = {res.epsilon:.4f} <= {target_epsilon} at delta={delta}; "
+            f"q={q}, steps={steps}, accountant {res.label})"
+        )
+    else:
+        if sigma is None:
+            raise FedbenchError("--sigma is required (or --target-epsilon for the inverse)")
+        res = acc.epsilon(sigma, q, steps, delta, accountant)  # type: ignore[arg-type]
+        record = _record(res)
+        text = (
+            f"epsilon = {res.epsilon:.6g}  (delta={delta}; sigma={sigma}, q={q}, steps={steps}; "
+            f"accountant {res.label}" + (f", order {res.order:g})" if res.order is not None else ")")
+        )
+    out.print(json.dumps(record) if as_json else text, highlight=False)
+
+
+def _record(res) -> dict:
+    return {
+        "epsilon": res.epsilon,
+        "delta": res.delta,
+        "sigma": res.sigma,
+        "q": res.q,
+        "steps": res.steps,
+        "accountant": res.label,
+        "order": res.order,
+    }
+
+
+def table_vi_rows() -> list[dict]:
+    """Every cell of the Fed-CDP paper's Table VI recomputed with the paper-compatible accountant."""
+    from fedbench.metrics.accounting import TABLE_VI, epsilon, paper_steps
+
+    rows = []
+    for dataset, (rounds, cdp1, cdp100, sdp) in TABLE_VI.items():
+        cells = (
+            ("Fed-CDP L=1", 0.01, paper_steps(rounds, "example", 1), cdp1),
+            ("Fed-CDP L=100", 0.01, paper_steps(rounds * 100, "example", 100), cdp100),
+            ("Fed-SDP", 0.1, paper_steps(rounds, "client", 1), sdp),
+        )
+        for cell, q, steps, paper in cells:
+            eps = epsilon(6.0, q, steps, 1e-5, "paper").epsilon
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "T": rounds,
+                    "cell": cell,
+                    "steps": steps,
+                    "q": q,
+                    "epsilon": eps,
+                    "paper": paper,
+                }
+            )
+    return rows
