@@ -4,8 +4,8 @@ A preset has a `[grid]` table (name, description, paper, seeds, substitution, op
 a `[scenario]` table (a list value sweeps), and `[[dataset]]`, `[[model]]`, `[[defense]]`,
 `[[attack]]` blocks with a `name` and `params` whose list values sweep as a cartesian product
 (a list is one value for a list-typed parameter; a list of lists sweeps it). A model block may
-restrict itself to `datasets = [...]`, an attack block to `models = [...]` and `datasets = [...]`. `[[reported]]` rows
-carry a paper's own numbers. Everything is validated before any run: unknown names and
+restrict itself to `datasets = [...]`, an attack block to `models = [...]` and `datasets = [...]`.
+`[[reported]]` rows carry a paper's own numbers. Everything is validated before any run: unknown names and
 parameters, bad ranges and malformed files fail with the file and table named.
 """
 

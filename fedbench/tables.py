@@ -98,6 +98,9 @@ METRICS: dict[str, Metric] = {
         _m("label_acc", "lower", "leakage", "pct", True),
         _m("label_acc_matched", "lower", "leakage", "pct", True),
         _m("recovered", "lower", "leakage", "fixed", True),
+        # the floor: random images scored like an attack's output (a reference, not a leakage measure)
+        _m("psnr_random", "lower", "reference", "fixed", True),
+        _m("ssim_random", "lower", "reference", "fixed", True),
         _m("seconds", "lower", "cost", "sig"),
         _m("utility_seconds", "lower", "cost", "sig"),
         _m("attack_seconds", "lower", "cost", "sig", True),

@@ -212,16 +212,41 @@ def test_show_run_saves_images_and_prints_an_exact_rerun_command(tmp_path):
     from fedbench.results import newest_results, read_results
 
     out, cache = str(tmp_path / "o"), str(tmp_path / "c")
-    res = invoke("run", "smoke", "-m", "lenet", "-D", "none", "-a", "idlg[iterations=3]",
-                 "--set", "scenario.batch_size=1", "--set", "scenario.rounds=1", "-o", out, "--cache-dir", cache)
+    res = invoke(
+        "run",
+        "smoke",
+        "-m",
+        "lenet",
+        "-D",
+        "none",
+        "-a",
+        "idlg[iterations=3]",
+        "--set",
+        "scenario.batch_size=1",
+        "--set",
+        "scenario.rounds=1",
+        "-o",
+        out,
+        "--cache-dir",
+        cache,
+    )
     assert res.exit_code == 0, res.output
     run_id = read_results(newest_results(out))["run_id"].iloc[0]
-    shown = invoke("show", "run", run_id[:8], "--results", out, "--cache-dir", cache,
-                   "--save-images", str(tmp_path / "figs"))
+    shown = invoke(
+        "show",
+        "run",
+        run_id[:8],
+        "--results",
+        out,
+        "--cache-dir",
+        cache,
+        "--save-images",
+        str(tmp_path / "figs"),
+    )
     assert shown.exit_code == 0, shown.output
     png = tmp_path / "figs" / f"run-{run_id}.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    command = next(line for line in shown.output.splitlines() if line.startswith("rerun: "))[len("rerun: "):]
+    command = next(line for line in shown.output.splitlines() if line.startswith("rerun: "))[len("rerun: ") :]
     args = shlex.split(command)[1:]  # drop 'fedbench'
     again = invoke(*args, "-o", str(tmp_path / "o2"), "--cache-dir", cache)
     assert again.exit_code == 0, again.output
@@ -237,8 +262,10 @@ def test_show_run_unknown_id(tmp_path):
 def test_preset_dir_adds_a_folder(tmp_path):
     folder = tmp_path / "presets"
     folder.mkdir()
-    (folder / "mine.toml").write_text('[grid]\nname = "mine"\ndescription = "my grid"\n[scenario]\nrounds = 1\n'
-                                      '[[dataset]]\nname = "digits"\n[[model]]\nname = "mlp"\n')
+    (folder / "mine.toml").write_text(
+        '[grid]\nname = "mine"\ndescription = "my grid"\n[scenario]\nrounds = 1\n'
+        '[[dataset]]\nname = "digits"\n[[model]]\nname = "mlp"\n'
+    )
     assert "mine" in invoke("list", "presets", "--preset-dir", str(folder)).output
     res = invoke("validate", "mine", "--preset-dir", str(folder))
     assert res.exit_code == 0 and "1 runs" in res.output

@@ -234,8 +234,15 @@ class _ZeroingServer:
 def test_malicious_server_replaces_the_model_it_sends(digits):
     server = _ZeroingServer()
     sc = Scenario.from_dict(dict(clients=3, rounds=2, train_size=60, test_size=30))
-    sim = Simulation(sc, digits, _factory(digits), create_defense("none"), 0,
-                     observe=ObservationRequest("update", 0, 1), server_hook=server)
+    sim = Simulation(
+        sc,
+        digits,
+        _factory(digits),
+        create_defense("none"),
+        0,
+        observe=ObservationRequest("update", 0, 1),
+        server_hook=server,
+    )
     obs = sim.run().observation
     assert server.rounds == [0, 1]
     assert all(float(v.abs().sum()) == 0 for v in obs.global_state.values())  # the victim got the poison

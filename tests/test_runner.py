@@ -192,11 +192,15 @@ def test_attack_nan_is_a_failed_row_naming_attack_and_iteration(tmp_path, monkey
         return torch.full((x.shape[0],), float("nan"), dtype=x.dtype, device=x.device)
 
     monkeypatch.setattr(_inversion.GradientMatcher, "objective", nan_objective)
-    row = execute(_spec(attack="ig", model="lenet", model_params={}, batch_size=1), RunCache(None), RunContext())
+    row = execute(
+        _spec(attack="ig", model="lenet", model_params={}, batch_size=1), RunCache(None), RunContext()
+    )
     assert row["status"] == "failed"
     assert "inverting-gradients: non-finite objective at iteration 0" in row["reason"]
 
 
 def test_reconstruction_rows_carry_the_random_baseline(tmp_path):
-    row = execute(_spec(attack="idlg", model="lenet", model_params={}, batch_size=1), RunCache(None), RunContext())
+    row = execute(
+        _spec(attack="idlg", model="lenet", model_params={}, batch_size=1), RunCache(None), RunContext()
+    )
     assert 0 < row["psnr_random"] < 15 and 0 <= row["ssim_random"] < 0.5

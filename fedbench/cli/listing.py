@@ -139,8 +139,19 @@ def rerun_command(spec) -> str:
 
     from fedbench.params import params_to_dict
 
-    parts = ["fedbench", "run", spec.preset or "smoke", "-d", spec.dataset.label, "-m", spec.model.label,
-             "-D", spec.defense.label, "-a", spec.attack.label if spec.attack else "none"]
+    parts = [
+        "fedbench",
+        "run",
+        spec.preset or "smoke",
+        "-d",
+        spec.dataset.label,
+        "-m",
+        spec.model.label,
+        "-D",
+        spec.defense.label,
+        "-a",
+        spec.attack.label if spec.attack else "none",
+    ]
     for key, value in params_to_dict(spec.scenario).items():
         parts += ["--set", f"scenario.{key}={value}"]
     parts += ["--set", f"grid.seeds=[{spec.seed}]"]
