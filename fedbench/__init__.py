@@ -8,11 +8,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "run", "create_attack", "create_defense", "create_dataset", "create_model"]
+_API = ("run", "compare", "create_attack", "create_defense", "create_dataset", "create_model")
+__all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str):
-    if name in ("run", "create_attack", "create_defense", "create_dataset", "create_model"):
+    if name in _API:
         from fedbench import facade
 
         return getattr(facade, name)

@@ -123,3 +123,16 @@ def run(
     cache = RunCache((cache_dir or default_cache_dir()) if use_cache else None)
     rows, _ = execute_grid(grid, ctx, cache, out_dir, n_jobs=n_jobs)
     return pd.DataFrame(rows)
+
+
+def compare(df, metrics=None, rows=None, agg: str = "mean", where=()):
+    """The trade-off table of a results DataFrame (e.g. from `run`) as a DataFrame of numbers.
+
+    One row per configuration; per column the aggregate over seeds, its spread and count, and for
+    worst-case columns the attack that achieved it (the same table `fedbench compare` renders).
+    """
+    import pandas as pd
+
+    from fedbench.tables import pivot, records
+
+    return pd.DataFrame(records(pivot(df, metrics=metrics, rows=rows, agg=agg, where=where)))

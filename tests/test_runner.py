@@ -204,3 +204,15 @@ def test_reconstruction_rows_carry_the_random_baseline(tmp_path):
         _spec(attack="idlg", model="lenet", model_params={}, batch_size=1), RunCache(None), RunContext()
     )
     assert 0 < row["psnr_random"] < 15 and 0 <= row["ssim_random"] < 0.5
+
+
+def test_python_api_run_and_compare(tmp_path):
+    import fedbench
+
+    df = fedbench.run(
+        "smoke", sets=("scenario.rounds=1",), defenses=["none", "dpg"], cache_dir=tmp_path / "c"
+    )
+    assert list(df["defense"]) == ["none", "dp-gaussian"] and (df["status"] == "ok").all()
+    table = fedbench.compare(df)
+    assert set(table["defense"]) == {"none", "dp-gaussian"}
+    assert table["test_acc"].between(0, 1).all()
