@@ -21,17 +21,19 @@ import platform
 import time
 
 
-def timeit(fn, repeats: int, warmup: int = 2) -> float:
-    """Fastest of `repeats` calls after `warmup` calls (seconds): the least disturbed by other
-    processes on a shared CPU."""
-    for _ in range(warmup):
-        fn()
-    times = []
+def timeit_interleaved(fns: list, repeats: int, warmup: int = 2) -> list[float]:
+    """Fastest of `repeats` calls of each function (seconds), the functions called round-robin so
+    that load from other processes on a shared CPU falls on all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
 
 
 def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict]:
@@ -85,7 +87,6 @@ def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict
     for i, n in enumerate(names):
         assert torch.allclose(torch.stack([g[i] for g in loop]), ref[n], atol=1e-5), n
     rows = []
-    base = timeit(batch_grad, repeats)
     methods = [("batch gradient (baseline)", batch_grad), ("fedbench torch.func", func_grads)]
     for mode, label in (("hooks", "opacus hooks"), ("functorch", "opacus functorch"), ("ew", "opacus ew")):
         try:
@@ -99,9 +100,6 @@ def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict
                 {"model": name, "batch": batch, "method": label, "error": f"{type(exc).__name__}: {exc}"}
             )
     methods.append(("python loop", loop_grads))
-    for label, fn in methods:
-        t = base if fn is batch_grad else timeit(fn, repeats)
-        rows.append({"model": name, "batch": batch, "method": label, "ms": t * 1e3, "ratio": t / base})
 
     # one local step: non-private vs Fed-CDP (sigma 6, C 4)
     defense = create_defense("fed-cdp")
@@ -121,26 +119,11 @@ def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict
             for p, n in zip(params, names, strict=True):
                 p.sub_(g[n], alpha=0.0)
 
-    t_plain = timeit(step_plain, repeats)
-    t_cdp = timeit(step_cdp, repeats)
-    rows.append(
-        {
-            "model": name,
-            "batch": batch,
-            "method": "local step, non-private",
-            "ms": t_plain * 1e3,
-            "ratio": t_plain / base,
-        }
-    )
-    rows.append(
-        {
-            "model": name,
-            "batch": batch,
-            "method": "local step, fed-cdp",
-            "ms": t_cdp * 1e3,
-            "ratio": t_cdp / base,
-        }
-    )
+    methods += [("local step, non-private", step_plain), ("local step, fed-cdp", step_cdp)]
+    times = timeit_interleaved([fn for _, fn in methods], repeats)
+    base = times[0]
+    for (label, _), t in zip(methods, times, strict=True):
+        rows.append({"model": name, "batch": batch, "method": label, "ms": t * 1e3, "ratio": t / base})
     return rows
 
 

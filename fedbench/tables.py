@@ -98,6 +98,8 @@ METRICS: dict[str, Metric] = {
         _m("label_acc", "lower", "leakage", "pct", True),
         _m("label_acc_matched", "lower", "leakage", "pct", True),
         _m("recovered", "lower", "leakage", "fixed", True),
+        _m("attack_success", "lower", "leakage", "pct", True),  # share of runs the attack declared a success
+        _m("iterations_to_success", "higher", "cost", "sig", True),
         # the floor: random images scored like an attack's output (a reference, not a leakage measure)
         _m("psnr_random", "lower", "reference", "fixed", True),
         _m("ssim_random", "lower", "reference", "fixed", True),
@@ -425,19 +427,45 @@ def worst_case(frame, m: Metric, by: Sequence[str], per_image: dict[str, dict[st
     return out
 
 
-def _reported_lookup(reported: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
-    """(defense label, attack label) -> reported metric values; labels canonicalised when possible."""
-    out: dict[tuple[str, str], dict[str, float]] = {}
+def _reported_lookup(reported: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(dataset, defense label, attack label) -> reported metric values; labels canonicalised when possible.
+
+    A reported row without `dataset` applies to every dataset (key ''), one with it only to that dataset,
+    so a preset can carry a paper's numbers for several datasets and the same defense.
+    """
+    out: dict[tuple[str, str, str], dict[str, float]] = {}
     for r in reported:
         if "defense" not in r:
             continue
         values = {k: float(v) for k, v in r.items() if k in METRICS and isinstance(v, int | float)}
+        dataset = _canonical_label("dataset", str(r["dataset"])) if r.get("dataset") else ""
         key = (
+            dataset,
             _canonical_label("defense", str(r["defense"])),
             _canonical_label("attack", str(r.get("attack", ""))),
         )
         out.setdefault(key, {}).update(values)
     return out
+
+
+def _reported_value(
+    lookup: dict[tuple[str, str, str], dict[str, float]],
+    dataset: str,
+    defense: str,
+    attack: str,
+    name: str,
+    per_defense: bool,
+) -> float | None:
+    """The paper's value for a cell: this dataset first, then rows that name no dataset."""
+    for ds in (dataset, ""):
+        value = lookup.get((ds, defense, attack), {}).get(name)
+        if value is not None:
+            return value
+        if per_defense:  # a per-defense metric (accuracy, epsilon) may sit on any attack's row
+            found = [v[name] for (d, df, _), v in lookup.items() if d == ds and df == defense and name in v]
+            if found:
+                return found[0]
+    return None
 
 
 def _canonical_label(kind: str, text: str) -> str:
@@ -543,17 +571,15 @@ def pivot(
         if "defense" not in row_keys:
             raise FedbenchError("--reported needs 'defense' among --rows")
         di = row_keys.index("defense")
+        datasets = list(dict.fromkeys(frame["dataset"])) if "dataset" in frame else []
+        only = datasets[0] if len(datasets) == 1 else ""
         for k, row_cells in cells.items():
+            dataset = k[row_keys.index("dataset")] if "dataset" in row_keys else only
             for col in columns:
                 att = col.group if col.group and col.group != WORST else ""
-                value = lookup.get((k[di], att), {}).get(col.metric.name)
-                if value is None and not col.group:  # per-defense metrics: any reported row of the defense
-                    found = [
-                        v[col.metric.name]
-                        for (d, _), v in lookup.items()
-                        if d == k[di] and col.metric.name in v
-                    ]
-                    value = found[0] if found else None
+                value = _reported_value(
+                    lookup, dataset, k[di], att, col.metric.name, per_defense=not col.group
+                )
                 if value is not None and col.key in row_cells:
                     c = row_cells[col.key]
                     row_cells[col.key] = dataclasses.replace(c, reported=value)

@@ -283,7 +283,12 @@ def test_checks_and_params():
         a = cls()
         assert a.check_meta(tab) and a.check_meta(META) is None
         assert a.check(Scenario()) is None and a.check(Scenario(loss="mse"))
-        assert a.observation_point == "update" and set(a.accepted_points) == {"example", "step", "update"}
+        assert a.observation_point == "update" and set(a.accepted_points) == {
+            "example",
+            "step",
+            "update",
+            "server",
+        }
         assert a.paper is not None and a.version.isdigit()
     with pytest.raises(Exception, match="optimise"):
         InvertingGradients({"labels": "optimise"})

@@ -18,7 +18,7 @@ class InversionAttack:
     """
 
     observation_point = "update"
-    accepted_points: tuple[str, ...] = ("example", "step", "update")
+    accepted_points: tuple[str, ...] = ("example", "step", "update", "server")
     family = "reconstruction"
 
     def check(self, scenario: Any) -> str | None:

@@ -7,6 +7,7 @@ import typer
 from fedbench import __version__
 from fedbench.cli.cache_cmd import cache_app
 from fedbench.cli.compare import compare_cmd
+from fedbench.cli.epsilon_cmd import epsilon_cmd
 from fedbench.cli.export_cmd import export_cmd
 from fedbench.cli.leaderboard_cmd import leaderboard_app
 from fedbench.cli.listing import list_cmd, show_cmd
@@ -28,6 +29,7 @@ app.command("run")(run_cmd)
 app.command("validate")(validate_cmd)
 app.command("compare")(compare_cmd)
 app.command("export")(export_cmd)
+app.command("epsilon")(epsilon_cmd)
 app.add_typer(leaderboard_app, name="leaderboard")
 app.add_typer(plot_app, name="plot")
 app.add_typer(cache_app, name="cache")
