@@ -328,6 +328,10 @@ class Attack(Plugin):
         """The observation point this attack reads in `scenario` (scenario.observe overrides)."""
         return self.observation_point if scenario.observe == "default" else scenario.observe
 
+    def check_model(self, model: nn.Module) -> str | None:
+        """A reason to skip this attack on `model` (e.g. its first layer is not fully connected), or None."""
+        return None
+
     def server_hook(self) -> Any:
         """A malicious server returns an object with `broadcast(state, round) -> state`; else None."""
         return None

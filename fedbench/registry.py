@@ -38,6 +38,7 @@ _BUILTIN_MODULES = (
     "fedbench.defenses.soteria",
     "fedbench.attacks.gradient_matching",
     "fedbench.attacks.inverting_gradients",
+    "fedbench.attacks.fc_leakage",
 )
 ENTRY_POINT_GROUP = "fedbench.plugins"
 

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fedbench import __version__
+from fedbench.api import Attack
 from fedbench.cache import RunCache
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.params import params_to_dict
@@ -231,10 +232,13 @@ def skip_reason(spec: RunSpec, ctx: RunContext) -> str | None:
 
 
 def attack_skip_reason(spec: RunSpec, ctx: RunContext) -> str | None:
-    """Why the attack does not apply to this dataset (needs the data's metadata, so loads it)."""
+    """Why the attack does not apply to this dataset or model (loads the metadata, builds the model)."""
     attack = spec.attack.instantiate()
+    meta = _load(spec, ctx).meta
     check_meta = getattr(attack, "check_meta", None)
-    reason = check_meta(_load(spec, ctx).meta) if callable(check_meta) else None
+    reason = check_meta(meta) if callable(check_meta) else None
+    if not reason and type(attack).check_model is not Attack.check_model:
+        reason = attack.check_model(_model_factory(spec, meta)())
     return f"{attack.name}: {reason}" if reason else None
 
 

@@ -130,13 +130,24 @@ def test_every_defense_runs_end_to_end(tmp_path, defense):
     assert 0.0 <= row["test_acc"] <= 1.0
 
 
+def _model_for(attack: str) -> tuple[str, dict]:
+    """LeNet for gradient-matching attacks; a small FC-first net for attacks that skip LeNet."""
+    from fedbench.models import build_model
+
+    lenet = build_model("lenet", {}, (1, 8, 8), 10)
+    if registry.attacks.get(attack)(_fast(attack)).check_model(lenet):
+        return "fcnn", {"fc1_width": 64, "depth": 3}
+    return "lenet", {}
+
+
 @pytest.mark.parametrize("attack", [c.name for c in registry.attacks.list()])
 def test_every_attack_runs_end_to_end(tmp_path, attack):
-    spec = _spec(attack=attack, model="lenet", model_params={}, batch_size=1)
+    model, params = _model_for(attack)
+    spec = _spec(attack=attack, model=model, model_params=params, batch_size=1)
     row = execute(spec, RunCache(tmp_path / "c"), RunContext())
     assert row["status"] == "ok", row.get("reason")
-    assert row["psnr"] > 0 and row["label_acc"] is not None
-    assert row["attack_name"] == attack
+    assert row["psnr"] > 0 and row["attack_name"] == attack
+    assert row["tm_observation"] in ("update", "step", "example", "server")
 
 
 def test_grid_results_file_and_sidecar(tmp_path):
@@ -216,3 +227,20 @@ def test_python_api_run_and_compare(tmp_path):
     table = fedbench.compare(df)
     assert set(table["defense"]) == {"none", "dp-gaussian"}
     assert table["test_acc"].between(0, 1).all()
+
+
+def test_attack_can_skip_a_model_it_does_not_apply_to(tmp_path, monkeypatch):
+    from fedbench.attacks.inverting_gradients import InvertingGradients
+
+    def no_convs(self, model):
+        import torch.nn as nn
+
+        if any(isinstance(m, nn.Conv2d) for m in model.modules()):
+            return "needs a model without convolutions"
+        return None
+
+    monkeypatch.setattr(InvertingGradients, "check_model", no_convs, raising=False)
+    row = execute(_spec(attack="ig", model="lenet", model_params={}), RunCache(tmp_path / "c"), RunContext())
+    assert row["status"] == "skipped" and "without convolutions" in row["reason"]
+    row = execute(_spec(attack="ig", model="mlp"), RunCache(tmp_path / "c"), RunContext())
+    assert row["status"] == "ok"

@@ -1,0 +1,133 @@
+"""Analytic attacks on the first fully connected layer (spec 004): `fc-leakage` and `trap-weights`.
+
+- `fc-leakage` (the paper's passive baseline [24]): every neuron t of the first FC layer with a
+  nonzero bias gradient gives the candidate x_t = (dL/dW_t) / (dL/db_t) (spec 004 §2.6). When t is
+  activated by exactly one image of the batch (an SDAN) the candidate equals that image exactly; a
+  neuron activated by several images gives a weighted mixture.
+- `trap-weights` (Boenisch et al., "When the Curious Abandon Honesty", the paper's [5]/[6]): a
+  malicious server replaces the first FC layer of the broadcast model by Algorithm 3's trap weights
+  (mu=0, sigma=2, s=0.97, zero bias; sign convention as a param, default the Boenisch reading of
+  spec §2.5), so few images activate each neuron, then the same recovery.
+
+Selection (spec §2.6/§5): the attacker cannot tell which candidate belongs to which private image,
+so the attack returns all candidates in [0, 1] pixel space (optionally only those in the valid
+pixel range; near-duplicates merged, strongest bias gradient first) and the metrics assign one
+candidate to each private image (fedbench's one-to-one minimum-MSE matching: the spec's strict
+Hungarian option; the spec's default per-image best PSNR may reuse a candidate and scores >= this).
+The recovered neurons are listed in `extra['candidate_neurons']`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fedbench.api import Attack, Paper
+from fedbench.params import param
+from fedbench.registry import register_attack
+
+_SELECTION_HELP = (
+    "candidates returned: all (every neuron with a nonzero bias gradient) or in-range (only those "
+    "inside [0,1] pixel space up to range_tol, all if none is; attacker-side filtering of spec §2.6)"
+)
+
+
+class _FCRecovery(Attack):
+    """Common checks and `run` of the first-FC-layer attacks (not registered)."""
+
+    observation_point = "update"
+    accepted_points: tuple[str, ...] = ("step", "update", "server")
+    family = "reconstruction"
+
+    def check(self, scenario: Any) -> str | None:
+        point = self.point_for(scenario)
+        if point not in self.accepted_points:
+            return (
+                f"{self.name} needs one client's gradient or update ({', '.join(self.accepted_points)}); "
+                f"scenario.observe={point} does not produce one"
+            )
+        return None
+
+    def check_meta(self, meta: Any) -> str | None:
+        if not getattr(meta, "is_image", False) or len(meta.input_shape) != 3:
+            return (
+                f"{self.name} reconstructs images; dataset '{meta.name}' is {meta.modality} "
+                f"with input shape {tuple(meta.input_shape)}"
+            )
+        return None
+
+    def check_model(self, model: Any) -> str | None:
+        from fedbench.attacks._fc_recovery import first_layer_reason
+
+        return first_layer_reason(model)
+
+    def run(self, observation: Any, model: Any, meta: Any, generator: Any, device: Any) -> Any:
+        from fedbench.attacks._fc_recovery import recover
+
+        return recover(self, observation, model, meta)
+
+
+@dataclass(frozen=True)
+class _RecoveryParams:
+    selection: Literal["all", "in-range"] = param("all", _SELECTION_HELP)
+    bias_tol: float = param(
+        1e-8, "neurons with |dL/db_t| <= bias_tol * max|dL/db| are dropped (spec §2.6 default 1e-8)", min=0
+    )
+    range_tol: float = param(1e-3, "pixel-range tolerance of selection=in-range", min=0)
+    dedupe_mse: float = param(
+        1e-10, "merge candidates closer than this MSE in pixel space (0 = keep duplicates)", min=0
+    )
+    max_candidates: int = param(0, "keep at most this many candidates, strongest first; 0 = all", min=0)
+
+
+@register_attack("fc-leakage", "fc-analytic")
+class FCLeakage(_FCRecovery):
+    """Passive analytic recovery x = dL/dW_i / dL/db_i from the first fully connected layer."""
+
+    version = "1"
+    paper = Paper(
+        "poisoning-inversion-24",
+        "Direct data leakage of a trained FC layer (baseline [24] of the SDAN model-poisoning paper)",
+    )
+
+    Params = _RecoveryParams
+
+
+class TrapHook:
+    """Malicious server: every broadcast gets trap weights in the first FC layer and a zero bias."""
+
+    def __init__(self, params: Any, layer: str = "fc1"):
+        self.params = params
+        self.layer = layer
+
+    def broadcast(self, state: dict, round: int) -> dict:
+        from fedbench.attacks._fc_recovery import poison_state
+
+        return poison_state(state, self.layer, self.params, self.params.seed, round)
+
+
+@register_attack("trap-weights", "curious-abandon-honesty")
+class TrapWeights(_FCRecovery):
+    """Malicious server: trap-weight init of the first FC layer (Boenisch et al.), then analytic recovery."""
+
+    version = "1"
+    paper = Paper(
+        "boenisch2023curious",
+        "When the Curious Abandon Honesty: Federated Learning Is Not Private",
+        "https://arxiv.org/abs/2112.02918",
+    )
+
+    @dataclass(frozen=True)
+    class Params(_RecoveryParams):
+        mu: float = param(0.0, "mean of the Gaussian of Algorithm 3 (paper 0)")
+        sigma: float = param(2.0, "std of the Gaussian of Algorithm 3 (paper 2)", min=0, min_open=True)
+        scale: float = param(0.97, "scale factor s of the positive half (paper 0.97)", min=0)
+        sign: Literal["boenisch", "literal"] = param(
+            "boenisch",
+            "boenisch: z- = -|N(mu,sigma)|, z+ = s|z-| (spec §2.5 default); literal: z- signed, z+ = s z-",
+        )
+        layer: str = param("fc1", "name of the first FC layer in the broadcast state")
+        seed: int = param(0, "seed of the trap weights (mixed with the round)", min=0)
+
+    def server_hook(self) -> Any:
+        return TrapHook(self.params, self.params.layer)
