@@ -328,6 +328,16 @@ class Attack(Plugin):
         """The observation point this attack reads in `scenario` (scenario.observe overrides)."""
         return self.observation_point if scenario.observe == "default" else scenario.observe
 
+    def check(self, scenario: Scenario) -> str | None:
+        """Skip when the scenario asks for an observation point this attack cannot read."""
+        point = self.point_for(scenario)
+        if point not in self.accepted_points:
+            return (
+                f"{self.name} needs one of the observations {', '.join(self.accepted_points)}; "
+                f"scenario.observe={point} is not among them"
+            )
+        return None
+
     def check_model(self, model: nn.Module) -> str | None:
         """A reason to skip this attack on `model` (e.g. its first layer is not fully connected), or None."""
         return None

@@ -179,7 +179,7 @@ def test_attack_on_an_observation_it_cannot_use_is_skipped(tmp_path):
         RunContext(),
     )
     assert row["status"] == "skipped"
-    assert "needs a gradient observation" in row["reason"] and "observe=model" in row["reason"]
+    assert "needs one of the observations" in row["reason"] and "observe=model" in row["reason"]
 
 
 def test_threat_model_switches_are_recorded_in_the_row(tmp_path):

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedbench.api import Attack, Paper
+from fedbench.api import Paper
+from fedbench.attacks.base import ImageReconstructionAttack
 from fedbench.params import param
 from fedbench.registry import register_attack
 
@@ -32,29 +33,11 @@ _SELECTION_HELP = (
 )
 
 
-class _FCRecovery(Attack):
+class _FCRecovery(ImageReconstructionAttack):
     """Common checks and `run` of the first-FC-layer attacks (not registered)."""
 
     observation_point = "update"
     accepted_points: tuple[str, ...] = ("step", "update", "server")
-    family = "reconstruction"
-
-    def check(self, scenario: Any) -> str | None:
-        point = self.point_for(scenario)
-        if point not in self.accepted_points:
-            return (
-                f"{self.name} needs one client's gradient or update ({', '.join(self.accepted_points)}); "
-                f"scenario.observe={point} does not produce one"
-            )
-        return None
-
-    def check_meta(self, meta: Any) -> str | None:
-        if not getattr(meta, "is_image", False) or len(meta.input_shape) != 3:
-            return (
-                f"{self.name} reconstructs images; dataset '{meta.name}' is {meta.modality} "
-                f"with input shape {tuple(meta.input_shape)}"
-            )
-        return None
 
     def check_model(self, model: Any) -> str | None:
         from fedbench.attacks._fc_recovery import first_layer_reason

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedbench.api import Attack, Paper
+from fedbench.api import Paper
 from fedbench.attacks.inversion_base import InversionAttack
 from fedbench.params import param
 from fedbench.registry import register_attack
@@ -37,7 +37,7 @@ _PRUNE_HELP = (
 
 
 @register_attack("dlg", "deep-leakage")
-class DLG(InversionAttack, Attack):
+class DLG(InversionAttack):
     """Deep Leakage from Gradients: L2 gradient matching, joint image+label L-BFGS."""
 
     version = "2"
@@ -94,7 +94,7 @@ class IDLG(DLG):
 
 
 @register_attack("cpl", "cpl-attack")
-class CPL(InversionAttack, Attack):
+class CPL(DLG):
     """CPL gradient leakage (Fed-CDP's attack): patterned init, iDLG label, L-BFGS, success threshold."""
 
     version = "2"
@@ -105,13 +105,13 @@ class CPL(InversionAttack, Attack):
     )
 
     @dataclass(frozen=True)
-    class Params:
+    class Params(DLG.Params):
+        """DLG's parameters with CPL's defaults (300 iterations, patterned init, iDLG label), plus its
+        success test."""
+
         iterations: int = param(300, "maximum L-BFGS iterations (paper 300)", min=1, max=100000)
-        max_iter: int = param(
-            20, "objective evaluations per L-BFGS iteration (CPL code: torch default 20)", min=1, max=1000
-        )
-        history: int = param(100, "L-BFGS history size (torch default 100)", min=1, max=10000)
-        lr: float = param(1.0, "L-BFGS step size (CPL code 1)", min=0, min_open=True)
+        init: Literal["patterned", "randn", "uniform"] = param("patterned", "image init (paper: patterned)")
+        labels: Literal["idlg", "batch", "known", "optimise"] = param("idlg", _LABELS_HELP)
         success_threshold: float = param(
             1e-4,
             "success when the L2 matching loss is below this (paper: unspecified; spec default 1e-4)",
@@ -121,24 +121,10 @@ class CPL(InversionAttack, Attack):
         stop_on_success: bool = param(
             True, "stop once every restart succeeded (saves CPU; false runs all iterations)"
         )
-        restarts: int = param(
-            1, "independent restarts, optimised as one batch; best by objective", min=1, max=256
-        )
-        init: Literal["patterned", "randn", "uniform"] = param("patterned", "image init (paper: patterned)")
-        labels: Literal["idlg", "batch", "known", "optimise"] = param("idlg", _LABELS_HELP)
-        pruning_aware: Literal["auto", "on", "off"] = param("auto", _PRUNE_HELP)
 
     def settings(self, meta: Any) -> dict[str, Any]:
-        p = self.params
         return {
-            "cost": "l2",
-            "optimizer": "lbfgs",
-            "lr": p.lr,
-            "iterations": p.iterations,
-            "lbfgs_max_iter": p.max_iter,
-            "lbfgs_history": p.history,
-            "init": p.init,
-            "boxed": True,
-            "success_threshold": p.success_threshold,
-            "stop_on_success": p.stop_on_success,
+            **super().settings(meta),
+            "success_threshold": self.params.success_threshold,
+            "stop_on_success": self.params.stop_on_success,
         }

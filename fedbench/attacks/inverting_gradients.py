@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedbench.api import Attack, Paper
+from fedbench.api import Paper
 from fedbench.attacks.gradient_matching import _LABELS_HELP, _PRUNE_HELP
 from fedbench.attacks.inversion_base import InversionAttack
 from fedbench.params import param
@@ -32,7 +32,7 @@ def auto_tv_weight(channels: int) -> float:
 
 
 @register_attack("inverting-gradients", "ig")
-class InvertingGradients(InversionAttack, Attack):
+class InvertingGradients(InversionAttack):
     """Inverting Gradients: cosine gradient matching + TV, signed Adam, boxed, restarts."""
 
     version = "1"
