@@ -15,8 +15,6 @@ front — ties broken by utility. `check` re-renders in memory and reports files
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import re
@@ -38,6 +36,7 @@ from fedbench.tables import (
     budget_view,
     metric,
     pivot,
+    records_to_csv,
     slice_columns,
     target_view,
     to_markdown,
@@ -580,13 +579,7 @@ def render_csv(board: Board, entries: list[dict[str, Any]]) -> str:
         rec["fedbench_version"] = e["fedbench_version"]
         rec["date"] = e["date"]
         recs.append(rec)
-    fields = list(dict.fromkeys(k for r in recs for k in r))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    for r in recs:
-        writer.writerow({k: "" if v is None else v for k, v in r.items()})
-    return buf.getvalue()
+    return records_to_csv(recs)
 
 
 def render_readme(board: Board, entries: list[dict[str, Any]]) -> str:

@@ -741,11 +741,11 @@ def _round(v: float | None) -> float | None:
     return float(f"{v:.6g}")
 
 
-def to_csv(p: Pivot) -> str:
+def records_to_csv(recs: list[dict[str, Any]]) -> str:
+    """CSV text of a list of records: the union of their keys as columns, None as an empty cell."""
     import csv
     import io
 
-    recs = records(p)
     fields = list(dict.fromkeys(k for r in recs for k in r))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
@@ -753,6 +753,10 @@ def to_csv(p: Pivot) -> str:
     for r in recs:
         writer.writerow({k: "" if v is None else v for k, v in r.items()})
     return buf.getvalue()
+
+
+def to_csv(p: Pivot) -> str:
+    return records_to_csv(records(p))
 
 
 def to_json(p: Pivot) -> str:
