@@ -218,20 +218,26 @@ _NOISE_HELP = "example: N(0, sigma^2 C^2) per example (Algorithm 2); batch: once
 _Q_HELP = "example sampling rate q for accounting; 0 = B*K_t/N (Proposition 1; the paper sets 0.01)"
 
 
+@dataclass(frozen=True)
+class _PerExampleDPParams:
+    """Parameters shared by fed-cdp and fed-cdp-decay: noise placement and accounting."""
+
+    noise: Literal["example", "batch"] = param("example", _NOISE_HELP)
+    delta: float = param(
+        1e-5, "delta of the reported (epsilon, delta)", min=0, max=1, min_open=True, max_open=True
+    )
+    sample_rate: float = param(0.0, _Q_HELP, min=0, max=1)
+    accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
+
+
 @register_defense("fed-cdp", "fedcdp")
 class FedCDP(_PerExampleDP):
     """Fed-CDP: per-example, per-layer clipping to C and Gaussian noise sigma*C at every local step."""
 
     @dataclass(frozen=True)
-    class Params:
+    class Params(_PerExampleDPParams):
         sigma: float = param(6.0, "noise multiplier (noise std = sigma * clip)", min=0, min_open=True)
         clip: float = param(4.0, "per-layer L2 bound C on each per-example gradient", min=0, min_open=True)
-        noise: Literal["example", "batch"] = param("example", _NOISE_HELP)
-        delta: float = param(
-            1e-5, "delta of the reported (epsilon, delta)", min=0, max=1, min_open=True, max_open=True
-        )
-        sample_rate: float = param(0.0, _Q_HELP, min=0, max=1)
-        accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
 
     def clip_at(self, ctx: HookContext) -> float:
         return self.params.clip
@@ -264,7 +270,7 @@ class FedCDPDecay(_PerExampleDP):
     """Fed-CDP(decay): Fed-CDP with a per-round clipping bound decaying from 6 to 2 (sigma fixed)."""
 
     @dataclass(frozen=True)
-    class Params:
+    class Params(_PerExampleDPParams):
         sigma: float = param(6.0, "noise multiplier (noise std = sigma * C_t)", min=0, min_open=True)
         clip_start: float = param(6.0, "clipping bound C_0 of the first round", min=0, min_open=True)
         clip_end: float = param(2.0, "clipping bound of the last round", min=0, min_open=True)
@@ -272,12 +278,6 @@ class FedCDPDecay(_PerExampleDP):
             "linear", "C_t schedule over the rounds: linear (paper), exponential, staircase"
         )
         stairs: int = param(4, "plateaus of the staircase schedule", min=1)
-        noise: Literal["example", "batch"] = param("example", _NOISE_HELP)
-        delta: float = param(
-            1e-5, "delta of the reported (epsilon, delta)", min=0, max=1, min_open=True, max_open=True
-        )
-        sample_rate: float = param(0.0, _Q_HELP, min=0, max=1)
-        accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
 
     def clip_at(self, ctx: HookContext) -> float:
         p = self.params
