@@ -342,8 +342,11 @@ class Attack(Plugin):
         """A reason to skip this attack on `model` (e.g. its first layer is not fully connected), or None."""
         return None
 
-    def server_hook(self) -> Any:
-        """A malicious server returns an object with `broadcast(state, round) -> state`; else None."""
+    def server_hook(self, meta: DatasetMeta | None = None) -> Any:
+        """A malicious server returns an object with `broadcast(state, round) -> state`; else None.
+
+        `meta` describes the run's dataset (a server that trains on auxiliary data of it needs it).
+        """
         return None
 
     def run(

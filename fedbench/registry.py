@@ -39,6 +39,7 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.gradient_matching",
     "fedbench.attacks.inverting_gradients",
     "fedbench.attacks.fc_leakage",
+    "fedbench.attacks.sdan",
 )
 ENTRY_POINT_GROUP = "fedbench.plugins"
 

@@ -149,7 +149,7 @@ def compute_attack(job: Job) -> dict[str, Any]:
         spec.seed,
         device,
         observe=request,
-        server_hook=attack.server_hook(),
+        server_hook=attack.server_hook(bundle.meta),
         stop_after_observation=True,
     )
     obs = sim.run().observation

@@ -112,5 +112,5 @@ class TrapWeights(_FCRecovery):
         layer: str = param("fc1", "name of the first FC layer in the broadcast state")
         seed: int = param(0, "seed of the trap weights (mixed with the round)", min=0)
 
-    def server_hook(self) -> Any:
+    def server_hook(self, meta: Any = None) -> Any:
         return TrapHook(self.params, self.params.layer)
