@@ -73,18 +73,24 @@ def trap_weights(
     return w.to(dtype)
 
 
+def fc_keys(state: dict[str, torch.Tensor], layer: str, attack: str) -> tuple[str, str]:
+    """The weight and bias keys of the first FC layer `layer` in a broadcast state, checked."""
+    wkey, bkey = f"{layer}.weight", f"{layer}.bias"
+    if wkey not in state or bkey not in state:
+        raise KeyError(f"{attack}: the broadcast state has no '{wkey}'/'{bkey}' (first FC layer)")
+    if state[wkey].dim() != 2:
+        raise ValueError(f"{attack}: '{wkey}' must be a 2-d weight, got shape {tuple(state[wkey].shape)}")
+    return wkey, bkey
+
+
 def poison_state(
     state: dict[str, torch.Tensor], layer: str, params: Any, seed: int, round: int
 ) -> dict[str, torch.Tensor]:
     """Replace `layer`.weight/.bias in `state` by trap weights and a zero bias (a malicious broadcast)."""
     from fedbench.fl.seeding import torch_generator
 
-    wkey, bkey = f"{layer}.weight", f"{layer}.bias"
-    if wkey not in state or bkey not in state:
-        raise KeyError(f"trap-weights: the broadcast state has no '{wkey}'/'{bkey}' (first FC layer)")
+    wkey, bkey = fc_keys(state, layer, "trap-weights")
     w = state[wkey]
-    if w.dim() != 2:
-        raise ValueError(f"trap-weights: '{wkey}' must be a 2-d weight, got shape {tuple(w.shape)}")
     gen = torch_generator(seed, "trap-weights", round)
     new = trap_weights(w.shape[0], w.shape[1], params.mu, params.sigma, params.scale, params.sign, gen)
     state[wkey] = new.to(dtype=w.dtype, device=w.device)

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fedbench.attacks._fc_recovery import fc_keys, trap_weights
+
 _MEMO: OrderedDict[tuple, SDANResult] = OrderedDict()
 _MEMO_SIZE = 8
 _lock = threading.Lock()
@@ -63,7 +65,6 @@ def train_sdan(
     train_batch (N), lr (eta), epochs (E) and decay_epoch (eta *= 0.1 from that epoch on; 0 = never).
     Counts C reset each epoch; c-bar is recomputed once per batch; S resets each batch (spec §2.3).
     """
-    from fedbench.attacks._fc_recovery import trap_weights
 
     x_aux = x_aux.detach().to("cpu", torch.float32)
     m, n = x_aux.shape
@@ -162,12 +163,8 @@ def malicious_parameters(rows: int, cols: int, dataset: str, p: Any, key: tuple)
 
 def poison_state_sdan(state: dict[str, torch.Tensor], layer: str, dataset: str, p: Any, key: tuple) -> dict:
     """Replace `layer`.weight/.bias in the broadcast `state` by the SDAN-trained parameters."""
-    wkey, bkey = f"{layer}.weight", f"{layer}.bias"
-    if wkey not in state or bkey not in state:
-        raise KeyError(f"sdan-poisoning: the broadcast state has no '{wkey}'/'{bkey}' (first FC layer)")
+    wkey, bkey = fc_keys(state, layer, "sdan-poisoning")
     w = state[wkey]
-    if w.dim() != 2:
-        raise ValueError(f"sdan-poisoning: '{wkey}' must be a 2-d weight, got shape {tuple(w.shape)}")
     (mw, mb), _ = malicious_parameters(w.shape[0], w.shape[1], dataset, p, (tuple(w.shape), *key))
     state[wkey] = mw.to(dtype=w.dtype, device=w.device)
     state[bkey] = mb.to(dtype=state[bkey].dtype, device=state[bkey].device)

@@ -59,7 +59,7 @@ def check_cmd(
     bad = stale(root, board or None)
     if bad:
         err.print(
-            f"[red]stale:[/red] {', '.join(str(p) for p in bad)}; run 'fedbench leaderboard render'",
+            f"stale: {', '.join(str(p) for p in bad)}; run 'fedbench leaderboard render'",
             highlight=False,
         )
         raise typer.Exit(1)
