@@ -167,6 +167,28 @@ class DatasetBundle:
         return x * std + mean
 
 
+@dataclass(frozen=True)
+class RunData:
+    """The run's data and its split, for plugins whose threat model grants them data of their own.
+
+    Attribute inference trains its adversary on a pool disjoint from the victims, membership inference
+    needs held-out non-members and shadow data, RecUP-FL trains its defender zoo on gradients of
+    labelled data. `bundle` is the full loaded dataset; the run uses `x_train[:train_size]` split into
+    `client_indices` (indices into that prefix) and tests on `x_test[:test_size]`. Training examples
+    at or after `train_size`, and test examples at or after `test_size`, are touched by no client and
+    no evaluation. A plugin reads only what its threat model grants; the engine cannot enforce it.
+    """
+
+    bundle: DatasetBundle
+    train_size: int
+    test_size: int
+    client_indices: tuple[tuple[int, ...], ...]
+
+    def unused_train(self) -> range:
+        """Indices of training examples no client holds (beyond train_size)."""
+        return range(self.train_size, len(self.bundle.y_train))
+
+
 class Dataset(Plugin):
     """A dataset plugin: `load` returns a `DatasetBundle`."""
 
@@ -271,6 +293,10 @@ class Defense(Plugin):
         """The formal guarantee of this configuration, or None for heuristic defenses."""
         return None
 
+    def bind_data(self, data: RunData) -> None:
+        """Called once by the simulation before training when the defense needs data beyond its hooks'
+        (RecUP-FL's zoo, FRL's auxiliary set). Default: nothing."""
+
 
 # ------------------------------------------------------------------------------------------- attacks
 
@@ -341,6 +367,10 @@ class Attack(Plugin):
     def check_model(self, model: nn.Module) -> str | None:
         """A reason to skip this attack on `model` (e.g. its first layer is not fully connected), or None."""
         return None
+
+    def bind_data(self, data: RunData) -> None:
+        """Called by the runner before `run` with the run's data and split (attribute and membership
+        inference read their own pool or non-members from it). Default: nothing."""
 
     def server_hook(self, meta: DatasetMeta | None = None) -> Any:
         """A malicious server returns an object with `broadcast(state, round) -> state`; else None.

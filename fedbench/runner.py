@@ -155,6 +155,8 @@ def compute_attack(job: Job) -> dict[str, Any]:
     obs = sim.run().observation
     if obs is None:
         raise RunFailure(f"{attack.name}: no '{request.point}' observation was produced")
+    if type(attack).bind_data is not Attack.bind_data:
+        attack.bind_data(sim.run_data())
     fast_float_mode()
     torch.manual_seed(spec.seed)
     model = factory().to(device)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedbench.api import DatasetBundle, Defense, HookContext, Observation, Scenario
+from fedbench.api import DatasetBundle, Defense, HookContext, Observation, RunData, Scenario
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.fl.losses import loss_function
 from fedbench.fl.per_example import per_example_grads
@@ -157,12 +157,24 @@ class Simulation:
             groups=groups,
         )
 
+        self.bundle = bundle
+        if defense.implements("bind_data"):
+            defense.bind_data(self.run_data())
         torch.manual_seed(seed)
         self.model = model_factory().to(self.device)
         self.param_names = _Params(self.model).names
         self.global_state = _clone_state(self.model)
         self._client_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._needs_per_example = defense.implements("per_example")
+
+    def run_data(self) -> RunData:
+        """The dataset and this run's split, for plugins that need data of their own (`bind_data`)."""
+        return RunData(
+            bundle=self.bundle,
+            train_size=len(self.y_train),
+            test_size=len(self.y_test),
+            client_indices=tuple(tuple(int(i) for i in ix) for ix in self.client_indices),
+        )
 
     # ------------------------------------------------------------------------------------ helpers
     def _ctx(
