@@ -7,11 +7,19 @@ key as its only hashed argument; the `job` argument (the RunSpec and the run con
 root) is ignored by joblib, so device and paths never enter a key. Failed runs raise, and joblib
 does not store exceptions, so failures are never cached. Values are plain dicts of numbers and
 numpy arrays, never torch objects.
+
+Integrity: entries are written zlib-compressed, so a flipped or missing byte fails the checksum
+when read; joblib writes each file to a temporary name and renames it, so a concurrent process or
+an interruption never leaves a half-written entry under its final name. An entry that fails to load
+is recomputed and overwritten, and the run's row carries one warning naming it. The cache holds
+pickles: loading one from someone else's cache runs their code, hence the private directory.
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,58 @@ def _attack_entry(key: str, job: Any) -> dict:
     return compute_attack(job)
 
 
+def _artifact_entry(kind: str, key: str, compute: Callable[[], Any]) -> Any:
+    return compute()
+
+
+# Where derived artifacts are cached: the location of the RunCache most recently opened in this process
+# (the runner opens one per grid and per worker), so artifacts live and are cleared with the runs.
+_artifacts: dict[str, Any] = {"location": None, "func": None}
+_artifact_lock = threading.Lock()
+
+
+def artifact(kind: str, key: str, compute: Callable[[], Any]) -> Any:
+    """A derived artifact shared by many runs, computed once and cached on disk beside the runs.
+
+    Examples: SDAN-trained malicious parameters, a LODA feature extractor, an obscured dataset. `kind`
+    names the artifact family, `key` is a canonical JSON string of everything the value depends on;
+    `compute()` is called only on a miss and must return a picklable value (tensors, arrays). Without
+    an open on-disk RunCache (`--no-cache`, or library use) the value is computed each call.
+    """
+    with _artifact_lock:
+        func = _artifacts["func"]
+    if func is None:
+        return compute()
+    return func(kind, key, compute)
+
+
+def _open_artifacts(memory: Any, location: Path) -> None:
+    with _artifact_lock:
+        if _artifacts["location"] != location:
+            _artifacts["location"] = location
+            _artifacts["func"] = memory.cache(_artifact_entry, ignore=["compute"])
+
+
+def _close_artifacts(location: Path | None) -> None:
+    with _artifact_lock:
+        if location is None or _artifacts["location"] == location:
+            _artifacts["location"] = _artifacts["func"] = None
+
+
+class CacheWarning(UserWarning):
+    """A cache entry that could not be read and was recomputed."""
+
+
+# zlib level 3: its checksum makes corruption detectable; run results are small, so it costs little.
+_COMPRESS = 3
+
+
+def _run_id(key: str) -> str:
+    from fedbench.spec import short_hash
+
+    return short_hash(key)
+
+
 @dataclass(frozen=True)
 class CacheInfo:
     location: str
@@ -46,13 +106,17 @@ class RunCache:
         self.location = Path(location) if location is not None else None
         self.force = force
         self._memory = None
+        self._warnings: list[str] = []
         if self.location is not None:
             from joblib import Memory
 
             private_dir(self.location)
-            self._memory = Memory(str(self.location), verbose=0)
+            self._memory = Memory(str(self.location), verbose=0, compress=_COMPRESS)
             self._utility = self._memory.cache(_utility_entry, ignore=["job"])
             self._attack = self._memory.cache(_attack_entry, ignore=["job"])
+            _open_artifacts(self._memory, self.location)
+        else:
+            _close_artifacts(None)
 
     @property
     def enabled(self) -> bool:
@@ -64,8 +128,24 @@ class RunCache:
         if self.force:
             return func.call(key, job)[0], False
         if func.check_call_in_cache(key, job):
-            return func(key, job), True
+            try:
+                value = func.call_and_shelve(key, job).get()
+                if not isinstance(value, dict) or "seconds" not in value:
+                    raise ValueError(f"holds a {type(value).__name__}, not a run result")
+                return value, True
+            except Exception as exc:  # truncated or corrupted: recompute and overwrite the entry
+                what = func.func.__name__.strip("_").replace("_entry", "")
+                self._warnings.append(
+                    f"corrupted {what} cache entry {_run_id(key)} ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:120] if str(exc) else 'unreadable'}); recomputed"
+                )
+                return func.call(key, job)[0], False
         return func(key, job), False
+
+    def take_warnings(self) -> list[str]:
+        """Warnings (corrupted entries recomputed) since the last call; each is reported once."""
+        out, self._warnings = self._warnings, []
+        return out
 
     def utility(self, key: str, job: Any) -> tuple[dict, bool]:
         """(value, came_from_cache) of the utility run with this key."""

@@ -97,9 +97,22 @@ METRICS: dict[str, Metric] = {
         _m("lpips_worst", "higher", "leakage", "fixed", True),
         _m("label_acc", "lower", "leakage", "pct", True),
         _m("label_acc_matched", "lower", "leakage", "pct", True),
-        _m("recovered", "lower", "leakage", "fixed", True),
+        _m("recovered", "lower", "leakage", "pct", True),  # share of images above the attack's success PSNR
+        _m("exact", "lower", "leakage", "pct", True),  # share of images recovered to the PSNR cap
         _m("attack_success", "lower", "leakage", "pct", True),  # share of runs the attack declared a success
         _m("iterations_to_success", "higher", "cost", "sig", True),
+        # membership inference (fedbench/metrics/membership.py): the defender wants chance level
+        _m("mia_acc", "lower", "leakage", "pct", True),
+        _m("mia_auc", "lower", "leakage", "fixed", True),
+        _m("mia_tpr_at_0.1pct_fpr", "lower", "leakage", "pct", True),
+        _m("mia_tpr_at_1pct_fpr", "lower", "leakage", "pct", True),
+        _m("mia_advantage", "lower", "leakage", "pct", True),
+        _m("mia_base_rate", "lower", "reference", "pct", True),
+        # attribute inference (fedbench/metrics/inference.py): the defender wants the majority-class rate
+        _m("asr", "lower", "leakage", "pct", True),
+        _m("asr_balanced", "lower", "leakage", "pct", True),
+        _m("asr_advantage", "lower", "leakage", "pp", True),
+        _m("asr_majority", "lower", "reference", "pct", True),
         # the floor: random images scored like an attack's output (a reference, not a leakage measure)
         _m("psnr_random", "lower", "reference", "fixed", True),
         _m("ssim_random", "lower", "reference", "fixed", True),
@@ -427,45 +440,91 @@ def worst_case(frame, m: Metric, by: Sequence[str], per_image: dict[str, dict[st
     return out
 
 
-def _reported_lookup(reported: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:
-    """(dataset, defense label, attack label) -> reported metric values; labels canonicalised when possible.
+_REPORTED_KEYS = ("dataset", "defense", "attack", "source", "note")
 
-    A reported row without `dataset` applies to every dataset (key ''), one with it only to that dataset,
+
+@dataclass(frozen=True)
+class Reported:
+    """One `[[reported]]` row: where it applies (dataset, defense, attack, column conditions) and values.
+
+    Extra fields that are not metrics (e.g. `sc_batch_size = 64`) are conditions on the table's row
+    keys, so a paper table over a scenario parameter (Table 3 of spec 004: PSNR per batch size) can be
+    carried cell by cell. A condition on a column the table does not show never matches.
+    """
+
+    dataset: str
+    defense: str
+    attack: str
+    conditions: tuple[tuple[str, str], ...]
+    values: dict[str, float]
+
+
+def _reported_lookup(reported: Sequence[dict[str, Any]]) -> list[Reported]:
+    """The reported rows with labels canonicalised when possible.
+
+    A reported row without `dataset` applies to every dataset (''), one with it only to that dataset,
     so a preset can carry a paper's numbers for several datasets and the same defense.
     """
-    out: dict[tuple[str, str, str], dict[str, float]] = {}
+    out: list[Reported] = []
     for r in reported:
         if "defense" not in r:
             continue
         values = {k: float(v) for k, v in r.items() if k in METRICS and isinstance(v, int | float)}
-        dataset = _canonical_label("dataset", str(r["dataset"])) if r.get("dataset") else ""
-        key = (
-            dataset,
-            _canonical_label("defense", str(r["defense"])),
-            _canonical_label("attack", str(r.get("attack", ""))),
+        conditions = tuple(
+            sorted((k, str(v)) for k, v in r.items() if k not in METRICS and k not in _REPORTED_KEYS)
         )
-        out.setdefault(key, {}).update(values)
+        out.append(
+            Reported(
+                _canonical_label("dataset", str(r["dataset"])) if r.get("dataset") else "",
+                _canonical_label("defense", str(r["defense"])),
+                _canonical_label("attack", str(r.get("attack", ""))),
+                conditions,
+                values,
+            )
+        )
     return out
 
 
 def _reported_value(
-    lookup: dict[tuple[str, str, str], dict[str, float]],
+    lookup: list[Reported],
     dataset: str,
     defense: str,
     attack: str,
     name: str,
     per_defense: bool,
+    row: dict[str, str] | None = None,
 ) -> float | None:
-    """The paper's value for a cell: this dataset first, then rows that name no dataset."""
+    """The paper's value for a cell: this dataset first, then rows that name no dataset.
+
+    `row` maps the table's row keys to this row's values (as text) for the rows' extra conditions.
+    """
+    row = row or {}
+
+    def applies(r: Reported, ds: str) -> bool:
+        return (
+            r.dataset == ds
+            and r.defense == defense
+            and name in r.values
+            and all(k in row and _same(row[k], v) for k, v in r.conditions)
+        )
+
     for ds in (dataset, ""):
-        value = lookup.get((ds, defense, attack), {}).get(name)
-        if value is not None:
-            return value
+        for r in lookup:
+            if applies(r, ds) and r.attack == attack:
+                return r.values[name]
         if per_defense:  # a per-defense metric (accuracy, epsilon) may sit on any attack's row
-            found = [v[name] for (d, df, _), v in lookup.items() if d == ds and df == defense and name in v]
-            if found:
-                return found[0]
+            for r in lookup:
+                if applies(r, ds):
+                    return r.values[name]
     return None
+
+
+def _same(shown: str, wanted: str) -> bool:
+    """Row value vs reported condition, numerically when both are numbers (64 == 64.0)."""
+    try:
+        return float(shown) == float(wanted)
+    except ValueError:
+        return shown == wanted
 
 
 def _canonical_label(kind: str, text: str) -> str:
@@ -578,7 +637,13 @@ def pivot(
             for col in columns:
                 att = col.group if col.group and col.group != WORST else ""
                 value = _reported_value(
-                    lookup, dataset, k[di], att, col.metric.name, per_defense=not col.group
+                    lookup,
+                    dataset,
+                    k[di],
+                    att,
+                    col.metric.name,
+                    per_defense=not col.group,
+                    row={c: str(x) for c, x in zip(row_keys, k, strict=True)},
                 )
                 if value is not None and col.key in row_cells:
                     c = row_cells[col.key]

@@ -377,3 +377,19 @@ def test_lpips_loads_backbone_from_cache_file(monkeypatch, tmp_path):
     torch.save({"features.0.weight": torch.zeros(1)}, path)
     with pytest.raises(RuntimeError, match="do not fit"):
         lpips_metric.get_lpips()
+
+
+def test_best_matching_reuses_a_candidate_and_dominates_one_to_one():
+    rng = np.random.default_rng(0)
+    t = rng.random((3, 1, 4, 4))
+    # one candidate equal to image 0, one close to images 1 and 2 alike: best credits both with it
+    r = np.stack([t[0], (t[1] + t[2]) / 2])
+    best = score_reconstruction(t, r, matching="best", success_psnr=40.0)
+    strict = score_reconstruction(t, r, matching="one-to-one", success_psnr=40.0)
+    assert best.assignment.tolist()[0] == 0 and best.assignment[1] == best.assignment[2] == 1
+    assert (best.psnr >= strict.psnr - 1e-12).all() and best.psnr.sum() > strict.psnr.sum()
+    s = best.summary()
+    assert s["exact"] == pytest.approx(1 / 3) and s["recovered"] == pytest.approx(1 / 3)
+    assert best.psnr[0] == 100.0  # capped
+    with pytest.raises(ValueError, match="matching"):
+        score_reconstruction(t, r, matching="greedy")

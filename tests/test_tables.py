@@ -290,3 +290,23 @@ def test_reported_numbers_beside_measured(tmp_path):
     assert p.cell(i, "test_acc").diff == pytest.approx(0.925 - 0.95)
     with pytest.raises(FedbenchError, match="no \\[\\[reported\\]\\]"):
         pivot(load_results([write_synthetic(tmp_path / "n.csv")]), reported=True)
+
+
+def test_reported_rows_with_conditions_on_row_keys(tmp_path):
+    """A paper table over a scenario parameter: `sc_rounds = 20` applies only to rows showing rounds 20."""
+    rows = make_rows()
+    for r in rows:
+        if r["seed"] == 0:
+            r["sc_rounds"] = 10
+    reported = [
+        {"defense": "none", "attack": "idlg", "sc_rounds": 20, "psnr": 40.0},
+        {"defense": "none", "attack": "idlg", "sc_rounds": 10.0, "psnr": 10.0},
+    ]
+    path = write_synthetic(tmp_path / "r.csv", rows=rows, sidecar={"reported": reported})
+    p = pivot(load_results([path]), rows=["defense", "sc_rounds"], reported=True)
+    got = {k: p.cell(i, "idlg:psnr").reported for i, (k, _) in enumerate(p.rows) if k[0] == "none"}
+    assert got == {("none", "10"): 10.0, ("none", "20"): 40.0}
+    # without the condition's column among the rows, a conditioned paper number matches nothing
+    p = pivot(load_results([path]), rows=["defense"], reported=True)
+    i = [k for k, _ in p.rows].index(("none",))
+    assert p.cell(i, "idlg:psnr").reported is None

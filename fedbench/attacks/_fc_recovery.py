@@ -83,19 +83,62 @@ def fc_keys(state: dict[str, torch.Tensor], layer: str, attack: str) -> tuple[st
     return wkey, bkey
 
 
-def poison_state(
-    state: dict[str, torch.Tensor], layer: str, params: Any, seed: int, round: int
+def fold_normalisation(
+    weight: torch.Tensor, bias: torch.Tensor, meta: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W, B) built for [0,1] pixels -> the same layer on normalised inputs x_n = (x - mean) / std.
+
+    W x + B = (W * std) x_n + (B + W mean), per channel; identity when `meta` has no normalisation.
+    The trap and SDAN constructions assume non-negative inputs (the paper feeds raw pixels).
+    """
+    if meta is None or not meta.mean:
+        return weight, bias
+    shape = tuple(meta.input_shape)
+    per = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    mean_vec = torch.tensor(meta.mean, dtype=weight.dtype).repeat_interleave(per)
+    std_vec = torch.tensor(meta.std, dtype=weight.dtype).repeat_interleave(per)
+    return weight * std_vec[None, :], bias + weight @ mean_vec
+
+
+def deliver(
+    state: dict[str, torch.Tensor],
+    keys: tuple[str, str],
+    malicious: tuple[torch.Tensor, torch.Tensor],
+    delivery: str,
+    tau: float,
 ) -> dict[str, torch.Tensor]:
-    """Replace `layer`.weight/.bias in `state` by trap weights and a zero bias (a malicious broadcast)."""
+    """Put the malicious fc1 (W*, B*) into the broadcast `state` (spec 004 §1, Eq. 8-9).
+
+    delivery='gradient': the server sends g* = (theta - theta*) / tau in place of fc1's averaged
+    gradient and the client applies theta - tau * g* in the model's dtype (= theta* up to rounding);
+    delivery='replace': the weights are set directly (a weight-broadcast server).
+    """
+    if delivery not in ("gradient", "replace"):
+        raise ValueError(f"delivery must be 'gradient' or 'replace', got {delivery!r}")
+    for key, value in zip(keys, malicious, strict=True):
+        theta = state[key]
+        star = value.to(dtype=theta.dtype, device=theta.device)
+        if delivery == "gradient":
+            crafted = (theta - star) / tau  # what the server broadcasts
+            star = theta - tau * crafted  # what the honest client computes from it
+        state[key] = star
+    return state
+
+
+def poison_state(
+    state: dict[str, torch.Tensor], params: Any, meta: Any, round: int
+) -> dict[str, torch.Tensor]:
+    """Trap weights (Algorithm 3) and a zero bias for `params.layer`, delivered into the broadcast `state`."""
     from fedbench.fl.seeding import torch_generator
 
-    wkey, bkey = fc_keys(state, layer, "trap-weights")
-    w = state[wkey]
-    gen = torch_generator(seed, "trap-weights", round)
-    new = trap_weights(w.shape[0], w.shape[1], params.mu, params.sigma, params.scale, params.sign, gen)
-    state[wkey] = new.to(dtype=w.dtype, device=w.device)
-    state[bkey] = torch.zeros_like(state[bkey])
-    return state
+    keys = fc_keys(state, params.layer, "trap-weights")
+    w = state[keys[0]]
+    gen = torch_generator(params.seed, "trap-weights", round)
+    trap = trap_weights(w.shape[0], w.shape[1], params.mu, params.sigma, params.scale, params.sign, gen)
+    bias = torch.zeros(w.shape[0], dtype=trap.dtype)
+    if params.pixel_space:
+        trap, bias = fold_normalisation(trap, bias, meta)
+    return deliver(state, keys, (trap, bias), params.delivery, params.tau)
 
 
 def candidates(

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedbench.attacks._fc_recovery import fc_keys, trap_weights
+from fedbench.attacks._fc_recovery import deliver, fc_keys, fold_normalisation, trap_weights
 
 _MEMO: OrderedDict[tuple, SDANResult] = OrderedDict()
 _MEMO_SIZE = 8
@@ -48,9 +48,23 @@ def select_neurons(
     return torch.topk(masked, min(k, masked.numel())).indices
 
 
-def sdan_loss(pre: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """Eq. 5 averaged: mean over samples of (1/k) sum_{t in T_i} -log Sigmoid(f_t(x_i)); `selected` [N, k]."""
-    return F.softplus(-torch.gather(pre, 1, selected)).mean()
+def sdan_loss(pre: torch.Tensor, selected: torch.Tensor, kind: str = "sdan") -> torch.Tensor:
+    """Eq. 5 averaged: mean over samples of (1/k) sum_{t in T_i} -log Sigmoid(f_t(x_i)); `selected` [N, k].
+
+    kind='contrastive' (ours, not in the paper) adds the mean of -log Sigmoid(-f_t(x_i)) over every
+    neuron t NOT selected for x_i: it pushes a neuron below zero for all samples but the ones that
+    select it, which is what makes it single-data activated under ReLU. Eq. 5 alone only raises the
+    selected pre-activations, and from the trap init on raw pixels they are already saturated (loss
+    ~1e-8, no gradient).
+    """
+    up = F.softplus(-torch.gather(pre, 1, selected)).mean()
+    if kind == "sdan":
+        return up
+    if kind != "contrastive":
+        raise ValueError(f"SDAN loss must be 'sdan' or 'contrastive', got {kind!r}")
+    mine = torch.zeros_like(pre, dtype=torch.bool).scatter_(1, selected, True)
+    down = (F.softplus(pre) * ~mine).sum() / (~mine).sum().clamp(min=1)
+    return up + down
 
 
 def train_sdan(
@@ -62,7 +76,8 @@ def train_sdan(
     """Algorithm 1: trap-weight init (Algorithm 3), then SGD on the SDAN loss with Algorithm 2 selection.
 
     `x_aux` [M, n] are the flattened auxiliary inputs. `p` carries mu, sigma, scale, sign (init), k,
-    train_batch (N), lr (eta), epochs (E) and decay_epoch (eta *= 0.1 from that epoch on; 0 = never).
+    loss (`sdan_loss` kind), train_batch (N), lr (eta), epochs (E) and decay_epoch (eta *= 0.1 from
+    that epoch on; 0 = never).
     Counts C reset each epoch; c-bar is recomputed once per batch; S resets each batch (spec §2.3).
     """
 
@@ -94,7 +109,7 @@ def train_sdan(
                     chosen.append(t)
                 selected = torch.stack(chosen)
                 mean_count = float(counts.mean())
-            loss = sdan_loss(pre, selected)
+            loss = sdan_loss(pre, selected, p.loss)
             gw, gb = torch.autograd.grad(loss, (weight, bias))
             with torch.no_grad():
                 weight -= lr * gw
@@ -102,21 +117,6 @@ def train_sdan(
             total += float(loss.detach())
         losses.append(total / iterations)
     return SDANResult(weight.detach().clone(), bias.detach().clone(), tuple(losses))
-
-
-def fold_normalisation(
-    weight: torch.Tensor, bias: torch.Tensor, mean: tuple, std: tuple, input_shape: tuple
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W, B) trained on [0,1] pixels -> the same layer on normalised inputs x_n = (x - mean) / std.
-
-    W x + B = (W * std) x_n + (B + W mean), per channel; identity without a mean.
-    """
-    if not mean:
-        return weight, bias
-    per = int(torch.tensor(input_shape[1:]).prod()) if len(input_shape) > 1 else 1
-    mean_vec = torch.tensor(mean, dtype=weight.dtype).repeat_interleave(per)
-    std_vec = torch.tensor(std, dtype=weight.dtype).repeat_interleave(per)
-    return weight * std_vec[None, :], bias + weight @ mean_vec
 
 
 def aux_inputs(dataset: str, aux: int, seed: int, pixel_space: bool) -> tuple[torch.Tensor, Any]:
@@ -134,15 +134,32 @@ def aux_inputs(dataset: str, aux: int, seed: int, pixel_space: bool) -> tuple[to
 
 
 def malicious_parameters(rows: int, cols: int, dataset: str, p: Any, key: tuple) -> tuple[Any, SDANResult]:
-    """The delivered (W*, B*) for a [rows, cols] fc1 and training result, memoised by `key`."""
-    from fedbench.errors import FedbenchError
-    from fedbench.fl.seeding import torch_generator
+    """The delivered (W*, B*) for a [rows, cols] fc1 and its training result.
+
+    Memoised in process and cached on disk beside the runs (`fedbench.cache.artifact`), keyed by the fc1
+    shape, the resolved aux source and the training params, so a grid trains each layer once.
+    """
+    import json
+
+    from fedbench.cache import artifact
 
     with _lock:
         hit = _MEMO.get(key)
         if hit is not None:
             _MEMO.move_to_end(key)
             return hit
+    value = artifact("sdan-poisoning", json.dumps(key, default=str), lambda: _train(rows, cols, dataset, p))
+    with _lock:
+        _MEMO[key] = value
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return value
+
+
+def _train(rows: int, cols: int, dataset: str, p: Any) -> tuple[Any, SDANResult]:
+    from fedbench.errors import FedbenchError
+    from fedbench.fl.seeding import torch_generator
+
     x, meta = aux_inputs(dataset, p.aux, p.seed, p.pixel_space)
     if x.shape[1] != cols:
         raise FedbenchError(
@@ -152,20 +169,13 @@ def malicious_parameters(rows: int, cols: int, dataset: str, p: Any, key: tuple)
     result = train_sdan(x, rows, p, torch_generator(p.seed, "sdan-poisoning"))
     w, b = result.weight, result.bias
     if p.pixel_space:
-        w, b = fold_normalisation(w, b, meta.mean, meta.std, tuple(meta.input_shape))
-    value = ((w, b), result)
-    with _lock:
-        _MEMO[key] = value
-        while len(_MEMO) > _MEMO_SIZE:
-            _MEMO.popitem(last=False)
-    return value
+        w, b = fold_normalisation(w, b, meta)
+    return (w, b), result
 
 
 def poison_state_sdan(state: dict[str, torch.Tensor], layer: str, dataset: str, p: Any, key: tuple) -> dict:
-    """Replace `layer`.weight/.bias in the broadcast `state` by the SDAN-trained parameters."""
-    wkey, bkey = fc_keys(state, layer, "sdan-poisoning")
-    w = state[wkey]
-    (mw, mb), _ = malicious_parameters(w.shape[0], w.shape[1], dataset, p, (tuple(w.shape), *key))
-    state[wkey] = mw.to(dtype=w.dtype, device=w.device)
-    state[bkey] = mb.to(dtype=state[bkey].dtype, device=state[bkey].device)
-    return state
+    """Deliver the SDAN-trained fc1 into the broadcast `state` (crafted gradient or replacement)."""
+    keys = fc_keys(state, layer, "sdan-poisoning")
+    w = state[keys[0]]
+    malicious, _ = malicious_parameters(w.shape[0], w.shape[1], dataset, p, (tuple(w.shape), *key))
+    return deliver(state, keys, malicious, p.delivery, p.tau)

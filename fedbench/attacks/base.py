@@ -12,6 +12,13 @@ class ImageReconstructionAttack(Attack):
 
     family = "reconstruction"
 
+    def scoring(self) -> dict[str, Any]:
+        """Keyword arguments of `score_reconstruction` for this attack's output (matching, success_psnr).
+
+        Scoring happens outside the attack cache, so changing it re-scores cached runs.
+        """
+        return {}
+
     def check_meta(self, meta: Any) -> str | None:
         if not getattr(meta, "is_image", False) or len(meta.input_shape) != 3:
             return (

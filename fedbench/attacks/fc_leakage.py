@@ -9,12 +9,20 @@
   (mu=0, sigma=2, s=0.97, zero bias; sign convention as a param, default the Boenisch reading of
   spec §2.5), so few images activate each neuron, then the same recovery.
 
-Selection (spec §2.6/§5): the attacker cannot tell which candidate belongs to which private image,
-so the attack returns all candidates in [0, 1] pixel space (optionally only those in the valid
-pixel range; near-duplicates merged, strongest bias gradient first) and the metrics assign one
-candidate to each private image (fedbench's one-to-one minimum-MSE matching: the spec's strict
-Hungarian option; the spec's default per-image best PSNR may reuse a candidate and scores >= this).
-The recovered neurons are listed in `extra['candidate_neurons']`.
+Selection and scoring (spec §2.6/§5): the attacker cannot tell which candidate belongs to which
+private image, so the attack returns all candidates in [0, 1] pixel space (optionally only those in
+the valid pixel range; near-duplicates merged, strongest bias gradient first) and the metrics give
+each private image one candidate: its best one (`matching=best`, the spec's oracle default; a
+candidate may serve several images) or a one-to-one Hungarian assignment (`matching=one-to-one`, the
+strict option, <= best per image). PSNR is capped at 100 dB and averaged over the batch; `recovered`
+is the share of images above `success_psnr` (40 dB, the paper's Fig. 2 count) and `exact` the share
+at the cap. The recovered neurons are listed in `extra['candidate_neurons']`.
+
+Delivery of the malicious layer (spec §1, Eq. 8-9): the paper's server broadcasts gradients, so it
+sends the crafted fc1 gradient g* = (theta - theta*) / tau and the client applies theta - tau g*
+(`delivery=gradient`, the default; equal to theta* up to float rounding); `delivery=replace` sets
+fc1 = theta* directly (a weight-broadcast FedAvg server). Trap weights and SDAN parameters are built
+for [0, 1] pixel inputs (the paper feeds raw pixels) and folded into the dataset's normalisation.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ class _FCRecovery(ImageReconstructionAttack):
 
         return recover(self, observation, model, meta)
 
+    def scoring(self) -> dict[str, Any]:
+        return {"matching": self.params.matching, "success_psnr": self.params.success_psnr}
+
 
 @dataclass(frozen=True)
 class _RecoveryParams:
@@ -61,13 +72,21 @@ class _RecoveryParams:
         1e-10, "merge candidates closer than this MSE in pixel space (0 = keep duplicates)", min=0
     )
     max_candidates: int = param(0, "keep at most this many candidates, strongest first; 0 = all", min=0)
+    matching: Literal["best", "one-to-one"] = param(
+        "best",
+        "scoring: best = each private image gets its best candidate (spec default, reuse allowed); "
+        "one-to-one = Hungarian assignment (strict)",
+    )
+    success_psnr: float = param(
+        40.0, "an image counts as recovered above this PSNR (paper Fig. 2: 40 dB)", min=0
+    )
 
 
 @register_attack("fc-leakage", "fc-analytic")
 class FCLeakage(_FCRecovery):
     """Passive analytic recovery x = dL/dW_i / dL/db_i from the first fully connected layer."""
 
-    version = "1"
+    version = "2"
     paper = Paper(
         "poisoning-inversion-24",
         "Direct data leakage of a trained FC layer (baseline [24] of the SDAN model-poisoning paper)",
@@ -79,21 +98,21 @@ class FCLeakage(_FCRecovery):
 class TrapHook:
     """Malicious server: every broadcast gets trap weights in the first FC layer and a zero bias."""
 
-    def __init__(self, params: Any, layer: str = "fc1"):
+    def __init__(self, params: Any, meta: Any = None):
         self.params = params
-        self.layer = layer
+        self.meta = meta
 
     def broadcast(self, state: dict, round: int) -> dict:
         from fedbench.attacks._fc_recovery import poison_state
 
-        return poison_state(state, self.layer, self.params, self.params.seed, round)
+        return poison_state(state, self.params, self.meta, round)
 
 
 @register_attack("trap-weights", "curious-abandon-honesty")
 class TrapWeights(_FCRecovery):
     """Malicious server: trap-weight init of the first FC layer (Boenisch et al.), then analytic recovery."""
 
-    version = "1"
+    version = "2"
     paper = Paper(
         "boenisch2023curious",
         "When the Curious Abandon Honesty: Federated Learning Is Not Private",
@@ -111,6 +130,20 @@ class TrapWeights(_FCRecovery):
         )
         layer: str = param("fc1", "name of the first FC layer in the broadcast state")
         seed: int = param(0, "seed of the trap weights (mixed with the round)", min=0)
+        pixel_space: bool = param(
+            True, "build the layer for [0,1] pixels and fold the dataset normalisation in (False: as is)"
+        )
+        delivery: Literal["gradient", "replace"] = param(
+            "gradient",
+            "gradient: broadcast g* = (theta - theta*)/tau, clients apply it (paper Eq. 8-9); "
+            "replace: set the weights directly",
+        )
+        tau: float = param(
+            0.1,
+            "FL learning rate tau of the gradient delivery (cancels; spec default 0.1)",
+            min=0,
+            min_open=True,
+        )
 
     def server_hook(self, meta: Any = None) -> Any:
-        return TrapHook(self.params, self.params.layer)
+        return TrapHook(self.params, meta)

@@ -5,8 +5,8 @@ Zhang et al.'s SDAN attack): fc1 (W, B) starts from Boenisch trap weights (Algor
 with SGD on the SDAN loss -log Sigmoid(f_t(x_i)) (Eq. 5) over auxiliary data, the neurons t of each
 sample being chosen by Algorithm 2 (top-k scores outside the batch's taken set S and outside the
 neurons used more than the epoch mean c-bar of the usage counts C). The trained layer is delivered by
-weight replacement in every broadcast (the FedAvg-simulator equivalent of the paper's crafted gradient
-g* = (theta - theta*)/tau, Eq. 8-9), and each victim image is recovered from a single-data activated
+the paper's crafted gradient g* = (theta - theta*)/tau (Eq. 8-9; or weight replacement, `delivery`)
+in every broadcast, and each victim image is recovered from a single-data activated
 neuron as x = dL/dW_t / dL/db_t with the recovery of `fc-leakage` (spec §2.6).
 
 Training runs in [0, 1] pixel space by default (the paper feeds raw pixels) and is folded into the
@@ -15,22 +15,33 @@ dataset's normalisation before delivery, so the trap init sees non-negative inpu
 Auxiliary data: `aux` examples of the TEST split of the `dataset` param (the paper's D_aux = the test
 set of the same dataset): `dataset=same` (default) takes the run's own dataset, which the runner
 passes to `server_hook(meta)`; another dataset can be named (spec §5.3). The trained parameters are
-memoised in process, keyed by (fc1 shape, aux source, attack params); a disk cache (through
-fedbench/cache.py) is a follow-up.
+cached on disk beside the runs (`fedbench.cache.artifact`) and memoised in process, keyed by (fc1
+shape, aux source, training params), so a grid over B, defenses or seeds trains each layer once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fedbench.api import Paper
 from fedbench.attacks.fc_leakage import TrapWeights, _FCRecovery
 from fedbench.params import param
 from fedbench.registry import register_attack
 
-_RECOVERY_ONLY = ("selection", "bias_tol", "range_tol", "dedupe_mse", "max_candidates")
+# params that do not change the trained layer (recovery, scoring, delivery) stay out of its cache key
+_RECOVERY_ONLY = (
+    "selection",
+    "bias_tol",
+    "range_tol",
+    "dedupe_mse",
+    "max_candidates",
+    "matching",
+    "success_psnr",
+    "delivery",
+    "tau",
+)
 
 
 def aux_dataset(name: str, meta: Any) -> str:
@@ -63,7 +74,7 @@ class SDANHook:
 class SDANPoisoning(_FCRecovery):
     """Malicious server: fc1 trained on aux data for single-data activated neurons, then analytic recovery."""
 
-    version = "1"
+    version = "2"
     paper = Paper(
         "chen-sdan-poisoning",
         "Attack privacy methods in large-batch Federated Learning based on model poisoning (SDAN attack)",
@@ -76,15 +87,15 @@ class SDANPoisoning(_FCRecovery):
             "aux data source (its TEST split); same = the run's own dataset (spec default)",
         )
         aux: int = param(0, "number of auxiliary examples drawn from the test split; 0 = all", min=0)
-        epochs: int = param(20, "SGD epochs of Algorithm 1 (paper 300; small CPU default)", min=1)
+        epochs: int = param(300, "SGD epochs E of Algorithm 1 (paper 300)", min=1)
         lr: float = param(1e-3, "SGD learning rate eta (paper 1e-3)", min=0, min_open=True)
-        decay_epoch: int = param(
-            0, "eta *= 0.1 from this epoch on (paper: epoch 200 of 300); 0 = never", min=0
-        )
+        decay_epoch: int = param(200, "eta *= 0.1 from this epoch on (paper 200 of 300); 0 = never", min=0)
         k: int = param(1, "neurons selected per aux sample, Algorithm 2 (paper: 1 FMNIST, 2-4 others)", min=1)
         train_batch: int = param(64, "malicious-training batch size N (paper 64)", min=1)
-        pixel_space: bool = param(
-            True, "train on [0,1] pixels and fold the dataset normalisation in (False: on normalised inputs)"
+        loss: Literal["sdan", "contrastive"] = param(
+            "sdan",
+            "sdan = Eq. 5 as published; contrastive (ours) also pushes each selected neuron below zero "
+            "on the batch's other samples (see the README: Eq. 5 alone is saturated from the trap init)",
         )
 
     def server_hook(self, meta: Any = None) -> Any:

@@ -10,6 +10,8 @@ THREAT_MODEL_FIELDS = {
     "bn_stats_known": "tm_bn_stats_known",
     "label_strategy": "tm_label_strategy",
     "pruning_aware": "tm_pruning_aware",
+    "mia_members": "tm_mia_members",
+    "mia_nonmembers": "tm_mia_nonmembers",
 }
 OUTCOME_FIELDS = {"success": "attack_success", "iterations_to_success": "iterations_to_success"}
 
@@ -32,14 +34,28 @@ def attack_metrics(attack: Any, result: dict[str, Any]) -> dict[str, Any]:
     for key, column in {**THREAT_MODEL_FIELDS, **OUTCOME_FIELDS}.items():
         if key in extra:
             row[column] = extra[key]
+    if attack.family == "membership":
+        from fedbench.metrics.membership import membership_scores
+
+        # the attack sampled the evaluated members/non-members itself (its experimental design), so the
+        # membership truth travels in its output; the scores and decisions are its own
+        scored = membership_scores(extra["is_member"], output["scores"], output["predictions"])
+        row.update(scored.row())
+        return row
+    if attack.family == "attribute":
+        from fedbench.metrics.inference import attribute_metrics
+
+        row.update(attribute_metrics(output, truth))
+        return row
     if attack.family == "reconstruction":
         from fedbench.metrics.reconstruction import random_baseline, score_reconstruction
 
         images = output.get("images")
         if images is None or "images" not in truth:
             return row
+        scoring = attack.scoring() if hasattr(attack, "scoring") else {}
         scores = score_reconstruction(
-            truth["images"], images, y_true=truth.get("y"), y_pred=output.get("labels")
+            truth["images"], images, y_true=truth.get("y"), y_pred=output.get("labels"), **scoring
         )
         # per-image values go to the JSON sidecar (the worst case over attacks is taken per input)
         row.update(scores.summary())

@@ -41,6 +41,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "label_acc",
     "label_acc_matched",
     "recovered",
+    "exact",
 )
 # +1: a higher value means more leakage; -1: a lower value means more leakage.
 LEAKAGE_DIRECTION: dict[str, int] = {"psnr": 1, "ssim": 1, "mse": -1, "lpips": -1}
@@ -169,6 +170,19 @@ def pairwise_mse(true: Any, rec: Any) -> np.ndarray:
     return np.maximum(sq, 0.0) / max(d, 1)
 
 
+def best_match(true: Any, rec: Any) -> np.ndarray:
+    """Per true image, the reconstruction of minimum MSE (maximum PSNR); one may serve several images.
+
+    The oracle scoring of the FC-layer attacks (spec 004 §2.6): the attacker returns many candidates and
+    each private image is credited with its best one. Always >= the one-to-one `match` per image.
+    Returns -1 for every image when there is no reconstruction.
+    """
+    c = pairwise_mse(true, rec)
+    if c.shape[1] == 0:
+        return np.full(c.shape[0], -1, dtype=np.int64)
+    return np.argmin(c, axis=1).astype(np.int64)
+
+
 def match(true: Any, rec: Any, cost: Literal["mse"] = "mse") -> np.ndarray:
     """One-to-one assignment of reconstructions to true images (Hungarian, minimum total MSE).
 
@@ -275,11 +289,13 @@ class ReconstructionScores:
         Keys (`SUMMARY_KEYS`): psnr, psnr_worst (max), ssim, ssim_worst (max), mse, mse_worst (min),
         lpips, lpips_worst (min), label_acc (multiset), label_acc_matched (per image, only when labels
         are aligned with the reconstructions), recovered (share of true images with PSNR >=
-        success_psnr). A value is None when it cannot be computed (no LPIPS, no labels, no threshold).
+        success_psnr), exact (share at the PSNR cap; reported with `recovered`). A value is None
+        when it cannot be computed (no LPIPS, no labels, no threshold).
         """
-        recovered = None
+        recovered = exact = None
         if self.success_psnr is not None and self.psnr is not None and self.psnr.size:
             recovered = float(np.mean(self.psnr >= self.success_psnr))
+            exact = float(np.mean(self.psnr >= self.psnr_cap))
         return {
             "psnr": _mean(self.psnr),
             "psnr_worst": _best(self.psnr, LEAKAGE_DIRECTION["psnr"]),
@@ -292,6 +308,7 @@ class ReconstructionScores:
             "label_acc": self.label_acc,
             "label_acc_matched": self.label_acc_matched,
             "recovered": recovered,
+            "exact": exact,
         }
 
     def per_image(self) -> dict[str, list]:
@@ -321,6 +338,7 @@ def score_reconstruction(
     lpips_fn: Callable[[np.ndarray, np.ndarray], Any] | None = None,
     labels_aligned: bool = False,
     range_tol: float = 1e-4,
+    matching: Literal["one-to-one", "best"] = "one-to-one",
 ) -> ReconstructionScores:
     """Match `rec` [M, C, H, W] to `true` [N, C, H, W] (both in [0, 1]) and score every true image.
 
@@ -329,8 +347,11 @@ def score_reconstruction(
     multiset accuracy of `y_pred` vs `y_true`; when `labels_aligned` (y_pred[j] is the label the attack
     gave reconstruction j), `label_acc_matched` is the exact accuracy after matching. Values outside
     [0, 1] by more than `range_tol` are an error (clamp reconstructions to [0, 1]); smaller excursions
-    (rounding after de-normalisation) are clipped.
+    (rounding after de-normalisation) are clipped. `matching`: one-to-one (Hungarian, the default) or
+    best (each true image gets its best reconstruction, reuse allowed; see `best_match`).
     """
+    if matching not in ("one-to-one", "best"):
+        raise ValueError(f"matching must be 'one-to-one' or 'best', got {matching!r}")
     t = _images(true, "true")
     if t.shape[0] == 0:
         raise ValueError("true holds no images")
@@ -353,7 +374,7 @@ def score_reconstruction(
                 f"got range [{r.min():.4g}, {r.max():.4g}]"
             )
         r = np.clip(r, 0.0, 1.0)
-        assignment = match(t, r)
+        assignment = match(t, r) if matching == "one-to-one" else best_match(t, r)
         m = assignment >= 0
         tm, rm = t[m], r[assignment[m]]
         psnr_v = np.full(t.shape[0], UNMATCHED_SCORES["psnr"])
