@@ -177,12 +177,14 @@ class RunData:
     `client_indices` (indices into that prefix) and tests on `x_test[:test_size]`. Training examples
     at or after `train_size`, and test examples at or after `test_size`, are touched by no client and
     no evaluation. A plugin reads only what its threat model grants; the engine cannot enforce it.
+    `scenario` is the run's FL setting (loss and lr: a shadow update must be computed like the real one).
     """
 
     bundle: DatasetBundle
     train_size: int
     test_size: int
     client_indices: tuple[tuple[int, ...], ...]
+    scenario: Scenario | None = None
 
     def unused_train(self) -> range:
         """Indices of training examples no client holds (beyond train_size)."""
@@ -218,6 +220,8 @@ class HookContext:
     `generator` is a torch.Generator seeded from (run seed, round, client, hook), so noise is
     reproducible and independent between clients and rounds. `x`/`y` are the current local batch in
     the `per_example` and `step` hooks (Soteria needs the inputs behind the gradient), else None.
+    `global_state` is the model state the client received this round, given to the `update` hook
+    (RecUP-FL trains its defender zoo on gradients at the round's global weights); else None.
     """
 
     round: int
@@ -229,6 +233,7 @@ class HookContext:
     meta: DatasetMeta | None = None
     x: Any = None
     y: Any = None
+    global_state: Any = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +314,10 @@ class Observation:
     acted; `kind` says whether it is a 'gradient' or a weight 'delta'. `global_state` is the model the
     victim received. `x_true`/`y_true` are the victim's data behind the observation: attacks must not
     read them (except label knowledge granted by the threat model); metrics do.
+
+    `cohort` is filled only for attacks that set `observes_cohort` (attribute inference scores many
+    victims per run): the observations, at the same point and round, of every client taking part in
+    that round, in client order (the victim's own among them); empty otherwise.
     """
 
     point: str
@@ -324,6 +333,7 @@ class Observation:
     batch_size: int
     model_mode: str
     attr_true: dict[str, torch.Tensor] = field(default_factory=dict)
+    cohort: tuple[Observation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -349,6 +359,8 @@ class Attack(Plugin):
     observation_point: ClassVar[str] = "update"
     accepted_points: ClassVar[tuple[str, ...]] = ("update",)
     family: ClassVar[str] = "reconstruction"
+    # True: the attack reads every participant's update of the observed round (Observation.cohort)
+    observes_cohort: ClassVar[bool] = False
 
     def point_for(self, scenario: Scenario) -> str:
         """The observation point this attack reads in `scenario` (scenario.observe overrides)."""

@@ -40,6 +40,8 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.inverting_gradients",
     "fedbench.attacks.fc_leakage",
     "fedbench.attacks.sdan",
+    "fedbench.attacks.attribute_inference",
+    "fedbench.defenses.recup",
 )
 ENTRY_POINT_GROUP = "fedbench.plugins"
 

@@ -139,7 +139,7 @@ def compute_attack(job: Job) -> dict[str, Any]:
     bundle = _load(spec, ctx)
     attack = spec.attack.instantiate()
     sc = spec.scenario
-    request = ObservationRequest(attack.point_for(sc), sc.observe_round, sc.victim)
+    request = ObservationRequest(attack.point_for(sc), sc.observe_round, sc.victim, attack.observes_cohort)
     factory = _model_factory(spec, bundle.meta)
     sim = Simulation(
         sc,
@@ -165,6 +165,11 @@ def compute_attack(job: Job) -> dict[str, Any]:
         "y": obs.y_true.cpu().numpy(),
         "attributes": {k: v.cpu().numpy() for k, v in obs.attr_true.items()},
     }
+    if obs.cohort:  # every observed participant's attribute values, in cohort order
+        truth["cohort"] = [
+            {"client": o.client, "attributes": {k: v.cpu().numpy() for k, v in o.attr_true.items()}}
+            for o in obs.cohort
+        ]
     if bundle.meta.is_image and obs.x_true.numel():
         truth["images"] = bundle.denormalize(obs.x_true).clamp(0, 1).cpu().numpy().astype(np.float32)
     return {

@@ -14,7 +14,8 @@ def loss_function(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
         return F.cross_entropy
 
     def mse(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        target = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+        # one-hot by comparison, not F.one_hot (whose range check breaks vmap'd per-example gradients)
+        target = (y.unsqueeze(-1) == torch.arange(logits.shape[-1], device=y.device)).to(logits.dtype)
         return F.mse_loss(torch.softmax(logits, dim=-1), target)
 
     return mse

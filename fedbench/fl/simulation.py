@@ -22,10 +22,14 @@ Observation points and the leakage types of Fed-CDP (spec 002 §1):
 - `server` (type-0): the same update as the server holds it, after the server-side `receive` hook
   (Fed-SDP with server-side noise), before aggregation;
 - `aggregate`: the server's aggregate; `model`: the final global model.
+With `cohort=True` (attacks that score many victims, e.g. attribute inference) a client-level point
+is recorded for every participant of the observed round: the victim's observation carries them all
+in `Observation.cohort`, sharing one copy of the received global state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,11 +47,13 @@ from fedbench.fl.seeding import numpy_rng, torch_generator
 
 @dataclass(frozen=True)
 class ObservationRequest:
-    """Record what an attacker sees at `point` for client `client` in round `round`."""
+    """Record what an attacker sees at `point` for client `client` in round `round` (and, with
+    `cohort`, for every other participant of that round too)."""
 
     point: str
     round: int
     client: int
+    cohort: bool = False
 
 
 @dataclass
@@ -174,6 +180,7 @@ class Simulation:
             train_size=len(self.y_train),
             test_size=len(self.y_test),
             client_indices=tuple(tuple(int(i) for i in ix) for ix in self.client_indices),
+            scenario=self.sc,
         )
 
     # ------------------------------------------------------------------------------------ helpers
@@ -261,7 +268,7 @@ class Simulation:
         self.model.load_state_dict(received)
         self._set_mode()
         obs = self.observe
-        watching = obs is not None and obs.round == rnd and obs.client == client
+        watching = self._watching(rnd, client)
         batches = self._batches(client, rnd, len(y))
         if self.sc.protocol == "fedsgd":
             steps = 1
@@ -298,7 +305,8 @@ class Simulation:
         if self.sc.protocol == "fedavg":
             shared = {n: (params[n].detach() - received[n]).clone() for n in self.param_names}
         if self.defense.implements("update"):
-            shared = self.defense.update(shared, self._ctx(rnd, client, 0, "update"))
+            ctx = dataclasses.replace(self._ctx(rnd, client, 0, "update"), global_state=received)
+            shared = self.defense.update(shared, ctx)
         _check_finite(shared, f"of client {client}'s update in round {rnd}")
         if watching and obs.point in ("update", "server"):
             used = torch.unique(torch.cat(seen))
@@ -309,6 +317,17 @@ class Simulation:
                 self._pending_server = (kind, received, x[used], y[used], steps)
         self._last_buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
         return shared, len(y), sum(losses) / len(losses)
+
+    def _watching(self, rnd: int, client: int) -> bool:
+        """Whether this client's round is observed (the victim, or any participant for a cohort)."""
+        obs = self.observe
+        return obs is not None and obs.round == rnd and (obs.client == client or obs.cohort)
+
+    def _received_copy(self, received: dict) -> dict:
+        """One detached copy of the state sent this round, shared by all observations of the round."""
+        if self._state_copy[0] is not received:
+            self._state_copy = (received, {k: v.detach().clone() for k, v in received.items()})
+        return self._state_copy[1]
 
     def _record(
         self,
@@ -323,13 +342,13 @@ class Simulation:
         steps: int = 1,
     ) -> None:
         idx = torch.as_tensor(self.client_indices[client])
-        self.observation = Observation(
+        observation = Observation(
             point=point,
             round=rnd,
             client=client,
             kind=kind,
             shared={k: v.detach().clone() for k, v in shared.items()},
-            global_state={k: v.detach().clone() for k, v in received.items()},
+            global_state=self._received_copy(received),
             x_true=x.detach().clone(),
             y_true=y.detach().clone(),
             lr=self.sc.lr,
@@ -338,6 +357,11 @@ class Simulation:
             model_mode=self.sc.model_mode,
             attr_true={k: v[idx] for k, v in self.attr_train.items()} if point != "example" else {},
         )
+        obs = self.observe
+        if obs is not None and obs.cohort and client >= 0:
+            self._cohort.append(observation)
+        if obs is None or client < 0 or client == obs.client:
+            self.observation = observation
 
     # --------------------------------------------------------------------------------------- server
     def _aggregate(self, updates: list[dict], weights: list[float], rnd: int) -> dict[str, torch.Tensor]:
@@ -354,6 +378,8 @@ class Simulation:
     def run(self) -> SimulationResult:
         result = SimulationResult(client_sizes=[len(ix) for ix in self.client_indices])
         self.observation = None
+        self._cohort: list[Observation] = []
+        self._state_copy: tuple[Any, dict] = (None, {})
         for rnd in range(self.sc.rounds):
             sent = self.global_state
             if self.server_hook is not None:
@@ -365,7 +391,7 @@ class Simulation:
                     shared = self.defense.receive(shared, self._ctx(rnd, client, 0, "receive"))
                     _check_finite(shared, f"of client {client}'s update at the server in round {rnd}")
                 obs = self.observe
-                if obs is not None and obs.point == "server" and obs.round == rnd and obs.client == client:
+                if obs is not None and obs.point == "server" and self._watching(rnd, client):
                     kind, received, xs, ys, steps = self._pending_server
                     self._record("server", rnd, client, shared, kind, received, xs, ys, steps)
                 updates.append(shared)
@@ -384,6 +410,9 @@ class Simulation:
                     self.x_train[:0],
                     self.y_train[:0],
                 )
+            if self._cohort and self.observation is not None:
+                self.observation = dataclasses.replace(self.observation, cohort=tuple(self._cohort))
+                self._cohort = []
             self._apply(agg, buffers, weights)
             result.rounds_run = rnd + 1
             if self.stop_after_observation and self.observation is not None:

@@ -1,0 +1,363 @@
+"""Torch/sklearn core of attribute inference from updates (spec 000 §3.1), shared with RecUP-FL.
+
+What lives here, and why it is shared: the adversary and the RecUP-FL defender zoo see the same
+thing, a client update mapped to a feature vector, and must agree on that map exactly.
+
+- `UpdateLayout`: which parameters of the FL model feed the features (`layers`), and their order in
+  the flat update vector (model parameter order).
+- `FeatureMap`: differentiable 1-D max-pooling of each selected tensor (window chosen so the total
+  stays <= `max_features`, Melis et al.), then standardisation with the training pool's statistics.
+  It is the first module of every defender, so RecUP-FL's FGSM acts on the raw update through it
+  (its gradient is non-zero only at each window's arg-max: the perturbation is sparse, spec §3.1).
+- `pool_updates`: the update each pool record would produce as a one-record client at the current
+  global weights (per-example gradients via torch.func; `-lr * g` when clients share weight deltas,
+  exact for one local step).
+- the adversary models: `stru-nn` / zoo members (`mlp` of given widths), `unkwn-nn`
+  (1024-1024-512-128), trained with CE and plain SGD (lr 0.01, 80 epochs, batch 64, spec §3.1), and
+  sklearn's RBF `SVC` and 120-tree `RandomForestClassifier`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedbench.errors import FedbenchError
+
+UNKWN_WIDTHS = (1024, 1024, 512, 128)
+
+
+# ------------------------------------------------------------------------------------------- features
+
+
+@dataclass(frozen=True)
+class UpdateLayout:
+    """The selected parameter names and shapes, in model order; the flat update is their concatenation."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.shapes)
+
+    @property
+    def dim(self) -> int:
+        return sum(self.sizes)
+
+    def flatten(self, update: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[D] flat vector of one update dict (selected tensors only)."""
+        return torch.cat([update[n].reshape(-1) for n in self.names])
+
+    def flatten_batch(self, updates: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, D] flat vectors of a dict of batched tensors [B, *shape]."""
+        b = next(iter(updates.values())).shape[0]
+        return torch.cat([updates[n].reshape(b, -1) for n in self.names], dim=1)
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, offset = {}, 0
+        for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
+            out[name] = flat[offset : offset + size].reshape(shape)
+            offset += size
+        return out
+
+
+def layout_for(state: dict[str, torch.Tensor], param_names: Sequence[str], layers: str) -> UpdateLayout:
+    """The layout of `layers` ('all' or comma-separated parameter names or module prefixes).
+
+    `param_names` are the model's trainable parameter names in order (the keys of an update).
+    """
+    if layers.strip() in ("", "all"):
+        chosen = list(param_names)
+    else:
+        wanted = [w.strip() for w in layers.split(",") if w.strip()]
+        chosen = [n for n in param_names if any(n == w or n.startswith(w + ".") for w in wanted)]
+        missing = [w for w in wanted if not any(n == w or n.startswith(w + ".") for n in param_names)]
+        if missing:
+            raise FedbenchError(
+                f"layers={layers}: {', '.join(missing)} match no model parameter "
+                f"(parameters: {', '.join(param_names)}); use 'all' or parameter/module names"
+            )
+    return UpdateLayout(tuple(chosen), tuple(tuple(state[n].shape) for n in chosen))
+
+
+def pool_window(layout: UpdateLayout, max_features: int) -> int:
+    """The smallest max-pool window that brings the pooled dimension to at most `max_features`."""
+    window = 1
+    while sum(math.ceil(s / window) for s in layout.sizes) > max_features:
+        window += 1
+    return window
+
+
+class FeatureMap(nn.Module):
+    """Flat update [B, D] -> standardised max-pooled features [B, F], differentiable in the update."""
+
+    def __init__(self, layout: UpdateLayout, window: int):
+        super().__init__()
+        self.sizes = list(layout.sizes)
+        self.window = window
+        self.dim = sum(math.ceil(s / window) for s in self.sizes)
+        self.register_buffer("mean", torch.zeros(self.dim))
+        self.register_buffer("std", torch.ones(self.dim))
+
+    def pooled(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.window == 1:
+            return flat
+        parts = torch.split(flat, self.sizes, dim=1)
+        pooled = [
+            nn.functional.max_pool1d(p.unsqueeze(1), self.window, self.window, ceil_mode=True).squeeze(1)
+            for p in parts
+        ]
+        return torch.cat(pooled, dim=1)
+
+    def fit(self, flat: torch.Tensor) -> FeatureMap:
+        """Set the standardisation from a training pool of flat updates; returns self."""
+        with torch.no_grad():
+            f = self.pooled(flat)
+            self.mean.copy_(f.mean(0))
+            std = f.std(0, unbiased=False)
+            self.std.copy_(torch.where(std > 1e-12, std, torch.ones_like(std)))
+        return self
+
+    def forward(self, flat: torch.Tensor) -> torch.Tensor:
+        return (self.pooled(flat) - self.mean) / self.std
+
+
+# ------------------------------------------------------------------------------------- pool updates
+
+
+def pool_updates(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    layout: UpdateLayout,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_name: str,
+    kind: str,
+    lr: float,
+    chunk: int = 256,
+) -> torch.Tensor:
+    """[N, D] flat updates of one-record clients holding each (x_i, y_i), at weights `state`.
+
+    `kind` is the observation's message kind: 'gradient' (FedSGD) shares g, 'delta' (FedAvg) shares
+    the weight change, -lr * g after one local step.
+    """
+    from fedbench.fl.losses import loss_function
+    from fedbench.fl.per_example import per_example_grads
+
+    model.load_state_dict(state)
+    loss_fn = loss_function(loss_name)
+    out = []
+    for i in range(0, len(y), chunk):
+        grads = per_example_grads(model, x[i : i + chunk], y[i : i + chunk], loss_fn)
+        out.append(layout.flatten_batch(grads).detach())
+    flat = torch.cat(out) if out else torch.zeros(0, layout.dim)
+    return -lr * flat if kind == "delta" else flat
+
+
+def client_label(values: np.ndarray) -> int:
+    """A client's attribute: the most common value among its records (exact for one record)."""
+    return int(np.bincount(np.asarray(values, dtype=np.int64)).argmax())
+
+
+# ---------------------------------------------------------------------------------------- adversaries
+
+
+def mlp(in_dim: int, widths: Sequence[int], n_classes: int) -> nn.Sequential:
+    """Fully connected ReLU net: in_dim -> widths... -> n_classes logits."""
+    layers: list[nn.Module] = []
+    prev = in_dim
+    for w in widths:
+        layers += [nn.Linear(prev, int(w)), nn.ReLU()]
+        prev = int(w)
+    layers.append(nn.Linear(prev, n_classes))
+    return nn.Sequential(*layers)
+
+
+def zoo_widths(size: int, choices: Sequence[int], seed: int, depth: int = 3) -> list[tuple[int, ...]]:
+    """Hidden widths of `size` zoo members, each drawn from `choices` with a fixed seed.
+
+    Distinct triples while there are enough of them (|choices|^depth >= size), spec §4.5 default.
+    """
+    rng = np.random.default_rng(seed)
+    combos = len(choices) ** depth
+    out: list[tuple[int, ...]] = []
+    while len(out) < size:
+        w = tuple(int(c) for c in rng.choice(np.asarray(choices), depth))
+        if w not in out or len(out) >= combos:
+            out.append(w)
+    return out
+
+
+def train_classifier(
+    net: nn.Module,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    epochs: int,
+    lr: float,
+    batch: int,
+    seed: int,
+) -> nn.Module:
+    """CE + plain SGD (spec §3.1: lr 0.01, 80 epochs), seeded shuffles; returns `net` in eval mode."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    net.train()
+    n = len(labels)
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen)
+        for i in range(0, n, batch):
+            idx = order[i : i + batch]
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(net(features[idx]), labels[idx])
+            loss.backward()
+            opt.step()
+    return net.eval()
+
+
+@dataclass
+class Adversary:
+    """A fitted adversary model with `predict(features [N, F]) -> classes [N]`."""
+
+    kind: str
+    model: object
+
+    def predict(self, features: torch.Tensor) -> np.ndarray:
+        if isinstance(self.model, nn.Module):
+            with torch.no_grad():
+                return self.model(features).argmax(1).cpu().numpy()
+        return np.asarray(self.model.predict(features.cpu().numpy().astype(np.float64)))
+
+
+def fit_adversary(
+    kind: str,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    n_classes: int,
+    seed: int,
+    stru_widths: Sequence[int],
+    epochs: int,
+    lr: float,
+    batch: int,
+) -> Adversary:
+    """Train the adversary `kind` on standardised features (spec §3.1 models and hyper-parameters)."""
+    if kind in ("stru-nn", "unkwn-nn"):
+        torch.manual_seed(seed)
+        widths = stru_widths if kind == "stru-nn" else UNKWN_WIDTHS
+        net = mlp(features.shape[1], widths, n_classes).to(features.device)
+        return Adversary(kind, train_classifier(net, features, labels, epochs, lr, batch, seed))
+    x, y = features.cpu().numpy().astype(np.float64), labels.cpu().numpy()
+    if len(np.unique(y)) < 2:  # sklearn refuses one-class training sets; the constant is the answer
+        from sklearn.dummy import DummyClassifier
+
+        return Adversary(kind, DummyClassifier(strategy="most_frequent").fit(x, y))
+    if kind == "svm":
+        from sklearn.svm import SVC
+
+        return Adversary(kind, SVC(kernel="rbf", C=1.0, gamma="scale").fit(x, y))
+    if kind == "rf":
+        from sklearn.ensemble import RandomForestClassifier
+
+        return Adversary(
+            kind, RandomForestClassifier(n_estimators=120, random_state=seed, n_jobs=1).fit(x, y)
+        )
+    raise FedbenchError(f"adversary={kind}: use stru-nn, unkwn-nn, svm or rf")
+
+
+# ------------------------------------------------------------------------------------ pools and runs
+
+ZOO_CHOICES = (128, 256, 512, 1024, 2048)  # spec §4.5: each hidden width in 128..2048
+ZOO_SEED = 0
+
+
+def pool_indices(data, source: str, size: int, who: str) -> np.ndarray:
+    """Training indices of the adversary's / defender's labelled pool.
+
+    `disjoint` (default, spec §3.1): records no client holds (at or after scenario.train_size);
+    `overlap`: the clients' own records (the paper's literal "same D_train", victims inside the pool).
+    `size` > 0 keeps the first `size` of them.
+    """
+    if source == "disjoint":
+        idx = np.asarray(data.unused_train(), dtype=np.int64)
+        if len(idx) == 0:
+            raise FedbenchError(
+                f"{who}: pool=disjoint needs training records beyond scenario.train_size (all "
+                f"{data.train_size} are held by clients); lower scenario.train_size or use pool=overlap"
+            )
+    else:
+        idx = np.arange(data.train_size, dtype=np.int64)
+    return idx[:size] if size else idx
+
+
+def resolve_attribute(meta, name: str, who: str) -> tuple[str | None, str | None]:
+    """(attribute, None) or (None, skip reason): '' means the dataset's first sensitive attribute."""
+    names = list(meta.attribute_names)
+    if not names:
+        return None, f"{who} needs sensitive attributes; dataset '{meta.name}' has none"
+    if not name:
+        return names[0], None
+    if name not in names:
+        return (
+            None,
+            f"{who}: dataset '{meta.name}' has no attribute '{name}' (attributes: {', '.join(names)})",
+        )
+    return name, None
+
+
+def infer(params, observation, model: nn.Module, meta, data, seed: int, device) -> dict:
+    """Train the adversary on its pool at the observed global weights and predict every victim.
+
+    Returns a plain dict for AttackOutput: predictions (one per cohort client, in cohort order) and
+    the details the metrics and the row need (attribute, the pool's majority class, dimensions).
+    """
+    who = "attribute-inference"
+    attr, reason = resolve_attribute(meta, params.attribute, who)
+    if reason:
+        raise FedbenchError(reason)
+    if data is None or data.scenario is None:
+        raise FedbenchError(f"{who}: the runner did not bind the run's data (bind_data)")
+    victims = observation.cohort or (observation,)
+    state = {k: v.to(device) for k, v in observation.global_state.items()}
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    layout = layout_for(state, names, params.layers)
+    window = pool_window(layout, params.max_features)
+    idx = torch.as_tensor(pool_indices(data, params.pool, params.pool_size, who))
+    bundle = data.bundle
+    x, y = bundle.x_train[idx].to(device), bundle.y_train[idx].to(device)
+    a = bundle.attr_train[attr][idx].to(device)
+    model = model.to(device)
+    model.train(observation.model_mode == "train")
+    flat = pool_updates(model, state, layout, x, y, data.scenario.loss, observation.kind, observation.lr)
+    fmap = FeatureMap(layout, window).to(device).fit(flat)
+    with torch.no_grad():
+        feats = fmap(flat)
+        victim_flat = torch.stack(
+            [layout.flatten({k: v.to(device) for k, v in o.shared.items()}) for o in victims]
+        )
+        victim_feats = fmap(victim_flat)
+    n_classes = len(meta.attribute_names[attr])
+    stru = tuple(params.stru_widths) or tuple(zoo_widths(1, ZOO_CHOICES, ZOO_SEED)[0])
+    adversary = fit_adversary(
+        params.adversary, feats, a, n_classes, seed, stru, params.epochs, params.lr, params.batch
+    )
+    pred = adversary.predict(victim_feats)
+    return {
+        "predictions": pred.astype(np.int64),
+        "extra": {
+            "attribute": attr,
+            "adversary": params.adversary,
+            "majority_class": int(np.bincount(a.cpu().numpy(), minlength=n_classes).argmax()),
+            "n_classes": n_classes,
+            "pool_size": len(idx),
+            "pool_source": params.pool,
+            "features": fmap.dim,
+            "pool_window": window,
+            "victims": len(victims),
+            "victim_clients": [int(o.client) for o in victims],
+            "train_acc": float((adversary.predict(feats) == a.cpu().numpy()).mean()),
+        },
+    }

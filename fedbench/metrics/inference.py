@@ -1,0 +1,62 @@
+"""Inference-attack metrics: attribute inference scored against the victims' true attributes.
+
+Computed outside the attack cache from the attack's predictions and the ground truth the runner
+kept (`truth['cohort']`: every observed client's attribute values). A client's true attribute is the
+most common value among its records (exact for the paper's one-record clients).
+
+- `asr`: attack success rate, #correct / #inferences (the paper's metric);
+- `asr_balanced`: mean recall over the attribute classes present among the victims (an attack that
+  always answers the majority class scores 1/#classes, whatever the imbalance);
+- `asr_majority`: the reference an attacker gets for free, always answering the majority class of
+  its own pool, scored on the same victims;
+- `asr_advantage`: asr - asr_majority (> 0: the update leaked more than the prior).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def client_attribute(values: Any) -> int:
+    """The most common value of a client's attribute over its records."""
+    return int(np.bincount(np.asarray(values, dtype=np.int64).reshape(-1)).argmax())
+
+
+def attribute_scores(y_true: Any, y_pred: Any, majority_class: int) -> dict[str, float]:
+    """asr, balanced accuracy, majority-class rate and advantage of predictions vs true classes."""
+    t = np.asarray(y_true, dtype=np.int64).reshape(-1)
+    p = np.asarray(y_pred, dtype=np.int64).reshape(-1)
+    if len(t) != len(p) or not len(t):
+        raise ValueError(
+            f"attribute predictions ({len(p)}) and truths ({len(t)}) must be equal and non-empty"
+        )
+    asr = float((t == p).mean())
+    recalls = [float((p[t == c] == c).mean()) for c in np.unique(t)]
+    majority = float((t == majority_class).mean())
+    return {
+        "asr": asr,
+        "asr_balanced": float(np.mean(recalls)),
+        "asr_majority": majority,
+        "asr_advantage": asr - majority,
+    }
+
+
+def attribute_metrics(output: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
+    """Row columns of an attribute-inference run (empty when the run holds no cohort)."""
+    extra = output.get("extra") or {}
+    cohort = truth.get("cohort")
+    name = extra.get("attribute")
+    if not cohort or name is None or output.get("predictions") is None:
+        return {}
+    y_true = [client_attribute(c["attributes"][name]) for c in cohort]
+    row: dict[str, Any] = attribute_scores(y_true, output["predictions"], int(extra["majority_class"]))
+    row.update(
+        aia_attribute=name,
+        aia_adversary=extra.get("adversary"),
+        aia_victims=len(y_true),
+        aia_pool=extra.get("pool_size"),
+        aia_features=extra.get("features"),
+    )
+    return row

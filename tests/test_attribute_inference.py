@@ -1,0 +1,133 @@
+"""attribute-inference: features, metrics, cohort observation, the attack on a planted attribute."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedbench import registry
+from fedbench.api import Scenario
+from fedbench.attacks._attribute_core import FeatureMap, layout_for, pool_window, zoo_widths
+from fedbench.cache import RunCache
+from fedbench.data import load_dataset
+from fedbench.errors import FedbenchError
+from fedbench.fl.simulation import ObservationRequest, Simulation
+from fedbench.metrics.inference import attribute_scores, client_attribute
+from fedbench.models import build_model
+from fedbench.runner import RunContext, execute
+from fedbench.spec import ComponentSpec, RunSpec
+
+PLANTED = {"shape": [16], "classes": 2, "n_train": 600, "n_test": 100, "attribute": True}
+SCENARIO = dict(protocol="fedsgd", clients=60, rounds=1, batch_size=0, lr=0.1, train_size=60, test_size=100)
+
+
+def _spec(attack_params=None, defense="none", defense_params=None, dataset_params=None, **sc):
+    return RunSpec(
+        ComponentSpec.resolve(
+            "dataset", "synthetic", dataset_params or {**PLANTED, "attribute_strength": 2.0}
+        ),
+        ComponentSpec.resolve("model", "mlp", {"hidden": [8]}),
+        ComponentSpec.resolve("defense", defense, defense_params or {}),
+        ComponentSpec.resolve(
+            "attack",
+            "attribute-inference",
+            {"pool_size": 300, "epochs": 30, "stru_widths": [32], **(attack_params or {})},
+        ),
+        Scenario.from_dict({**SCENARIO, **sc}),
+        0,
+        preset="test",
+    )
+
+
+def test_scores_by_hand():
+    s = attribute_scores([0, 0, 0, 1, 2], [0, 0, 1, 1, 0], majority_class=0)
+    assert s["asr"] == pytest.approx(3 / 5)
+    assert s["asr_balanced"] == pytest.approx((2 / 3 + 1 + 0) / 3)
+    assert s["asr_majority"] == pytest.approx(3 / 5) and s["asr_advantage"] == pytest.approx(0.0)
+    assert client_attribute([2, 1, 2]) == 2
+    with pytest.raises(ValueError, match="equal"):
+        attribute_scores([0, 1], [0], 0)
+
+
+def test_feature_map_pools_each_tensor_and_is_differentiable():
+    model = build_model("mlp", {"hidden": [8]}, (16,), 2)
+    state = model.state_dict()
+    names = [n for n, _ in model.named_parameters()]
+    layout = layout_for(state, names, "all")
+    assert layout.dim == 16 * 8 + 8 + 8 * 2 + 2
+    window = pool_window(layout, 40)
+    fmap = FeatureMap(layout, window)
+    assert fmap.dim <= 40 and window > 1
+    x = torch.randn(3, layout.dim, requires_grad=True)
+    fmap(x).sum().backward()
+    # max-pool: one arg-max per window gets the gradient, the rest none (sparse FGSM)
+    assert int((x.grad[0] != 0).sum()) == fmap.dim
+    only_fc1 = layout_for(state, names, "fc1")
+    assert only_fc1.names == ("fc1.weight", "fc1.bias")
+    with pytest.raises(FedbenchError, match="layers=conv9"):
+        layout_for(state, names, "conv9")
+
+
+def test_zoo_member_zero_is_the_stru_nn_default():
+    a = zoo_widths(20, (128, 256, 512, 1024, 2048), 0)
+    assert len(a) == 20 == len(set(a)) and all(len(w) == 3 for w in a)
+    assert a[0] == zoo_widths(1, (128, 256, 512, 1024, 2048), 0)[0]
+
+
+def test_cohort_observation_holds_every_participant():
+    bundle = load_dataset("synthetic", {**PLANTED})
+    sc = Scenario.from_dict({**SCENARIO, "participation": 0.5})
+    sim = Simulation(
+        sc,
+        bundle,
+        lambda: build_model("mlp", {"hidden": [8]}, (16,), 2),
+        registry.defenses.get("none")(),
+        seed=0,
+        observe=ObservationRequest("update", 0, 3, cohort=True),
+        stop_after_observation=True,
+    )
+    obs = sim.run().observation
+    clients = [o.client for o in obs.cohort]
+    assert len(clients) == 30 and 3 in clients and obs.client == 3
+    assert all(o.global_state is obs.cohort[0].global_state for o in obs.cohort)  # one shared copy
+    assert all(len(o.attr_true["attr"]) == 1 for o in obs.cohort)
+
+
+def test_attack_beats_majority_on_a_planted_attribute_with_every_adversary(tmp_path):
+    cache = RunCache(tmp_path / "c")
+    for adversary in ("stru-nn", "svm", "rf"):
+        row = execute(_spec({"adversary": adversary}), cache, RunContext())
+        assert row["status"] == "ok", row["reason"]
+        assert row["aia_victims"] == 60 and row["aia_attribute"] == "attr"
+        assert row["asr"] > row["asr_majority"] + 0.2, (adversary, row["asr"], row["asr_majority"])
+    # no planted attribute: the updates carry nothing about it, so no advantage beyond chance noise
+    flat = execute(
+        _spec({"adversary": "rf"}, dataset_params={**PLANTED, "attribute_strength": 0.0}), cache, RunContext()
+    )
+    assert flat["asr_advantage"] < 0.15
+
+
+def test_unknown_attribute_and_attribute_free_datasets_are_skipped(tmp_path):
+    row = execute(_spec({"attribute": "race"}), RunCache(None), RunContext())
+    assert row["status"] == "skipped" and "no attribute 'race'" in row["reason"]
+    spec = _spec(dataset_params={"shape": [16], "classes": 2, "n_train": 200})
+    row = execute(spec, RunCache(None), RunContext())
+    assert row["status"] == "skipped" and "has none" in row["reason"]
+
+
+def test_disjoint_pool_needs_records_beyond_train_size():
+    row = execute(_spec(train_size=0, clients=60), RunCache(None), RunContext())
+    assert row["status"] == "failed" and "pool=overlap" in row["reason"]
+    row = execute(
+        _spec({"pool": "overlap", "adversary": "rf"}, train_size=0, clients=60), RunCache(None), RunContext()
+    )
+    assert row["status"] == "ok" and row["aia_pool"] == 300
+
+
+def test_metric_columns_are_declared():
+    from fedbench.tables import METRICS
+
+    for name in ("asr", "asr_balanced", "asr_advantage", "asr_majority"):
+        assert METRICS[name].better == "lower"
+    assert np.isclose(METRICS["asr"].scale, 100)
