@@ -258,12 +258,21 @@ class Defense(Plugin):
     """
 
     kind = "defense"
+    # The defense-aware attack that breaks this defense (spec 001: "loda-adaptive" for LODA, the Carlini
+    # decoder "mixup-decode" for MixUp/InstaHide), or "" for none. Grids add it beside the standard attack
+    # (`adaptive = true` on an [[attack]] block) and boards take the worst case over both.
+    adaptive_attack: ClassVar[str] = ""
 
     def implements(self, hook: str) -> bool:
         return getattr(type(self), hook) is not getattr(Defense, hook)
 
     def prepare_data(self, x: torch.Tensor, y: torch.Tensor, ctx: HookContext) -> tuple:
-        """Once per client before training: replace its data (LODA, MixUp)."""
+        """Once per client before training: replace its data (LODA, MixUp).
+
+        Returns (x, y) or (x, y, source): `source[i]` is the private input that prepared row i stands
+        for (LODA: the image it obscures; MixUp: its largest-weight component). The engine records it as
+        `Observation.x_private`, and reconstruction metrics compare against it.
+        """
         return x, y
 
     def loss(
@@ -315,6 +324,11 @@ class Observation:
     victim received. `x_true`/`y_true` are the victim's data behind the observation: attacks must not
     read them (except label knowledge granted by the threat model); metrics do.
 
+    `rows` are the indices of x_true's examples in the client's local data (found by the engine; an
+    attack may use them only as its threat model grants, e.g. the oracle mapping of the MixUp decoder).
+    `x_private` is set when the defense replaced the data (`prepare_data` returned a source): the private
+    inputs behind x_true, row by row; metrics then compare reconstructions with them.
+
     `cohort` is filled only for attacks that set `observes_cohort` (attribute inference scores many
     victims per run): the observations, at the same point and round, of every client taking part in
     that round, in client order (the victim's own among them); empty otherwise.
@@ -334,6 +348,8 @@ class Observation:
     model_mode: str
     attr_true: dict[str, torch.Tensor] = field(default_factory=dict)
     cohort: tuple[Observation, ...] = ()
+    rows: tuple[int, ...] = ()
+    x_private: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -383,6 +399,11 @@ class Attack(Plugin):
     def bind_data(self, data: RunData) -> None:
         """Called by the runner before `run` with the run's data and split (attribute and membership
         inference read their own pool or non-members from it). Default: nothing."""
+
+    def bind_defense(self, defense: Defense) -> None:
+        """Called by the runner before `run` with the run's defense instance, after the simulation
+        prepared the victim's data: a defense-aware (adaptive) attack reads the knowledge its threat model
+        grants from it (LODA's feature extractor, MixUp's mixing coefficients). Default: nothing."""
 
     def server_hook(self, meta: DatasetMeta | None = None) -> Any:
         """A malicious server returns an object with `broadcast(state, round) -> state`; else None.

@@ -4,7 +4,10 @@ A preset has a `[grid]` table (name, description, paper, seeds, substitution, op
 a `[scenario]` table (a list value sweeps), and `[[dataset]]`, `[[model]]`, `[[defense]]`,
 `[[attack]]` blocks with a `name` and `params` whose list values sweep as a cartesian product
 (a list is one value for a list-typed parameter; a list of lists sweeps it). A model block may
-restrict itself to `datasets = [...]`, an attack block to `models = [...]` and `datasets = [...]`.
+restrict itself to `datasets = [...]`, an attack block to `models = [...]` and `datasets = [...]`; an
+attack block with `adaptive = true` also runs, for every defense that declares one, the defense's adaptive
+attack with the block's parameters (LODA -> loda-adaptive) and those of `adaptive_params = {...}` it
+has, so boards take the worst case over both.
 `[[reported]]` rows carry a paper's own numbers. Everything is validated before any run: unknown names and
 parameters, bad ranges and malformed files fail with the file and table named.
 """
@@ -31,7 +34,7 @@ from fedbench.spec import ComponentSpec, RunSpec
 COMPONENTS = ("dataset", "model", "defense", "attack")
 _TOP_LEVEL = {"grid", "scenario", "reported", *COMPONENTS}
 _GRID_KEYS = {"name", "description", "paper", "seeds", "substitution", "extends", "full_data", "board"}
-_BLOCK_KEYS = {"name", "params", "datasets", "models"}
+_BLOCK_KEYS = {"name", "params", "datasets", "models", "adaptive", "adaptive_params"}
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,22 @@ def _components(kind: str, blocks: list[dict[str, Any]], source: str) -> list[tu
     return out
 
 
+def _adaptive(defense: ComponentSpec, attack: ComponentSpec, block: dict[str, Any]) -> ComponentSpec | None:
+    """The adaptive attack `defense` declares (`Defense.adaptive_attack`), with the parameters the
+    standard attack's block set plus those of its `adaptive_params` table that this adaptive attack
+    has, or None when the defense declares none (or is that attack)."""
+    name = getattr(registry_for("defense").get(defense.name), "adaptive_attack", "")
+    if not name or name == attack.name:
+        return None
+    given = {k: v for k, v in attack.params_dict.items() if k in attack.given}
+    extra = block.get("adaptive_params", {})
+    if not isinstance(extra, dict):
+        raise SpecError(f"[[attack]] '{block['name']}': adaptive_params must be a table, e.g. {{ pool = 8 }}")
+    fields = registry_for("attack").get(name).Params.__dataclass_fields__
+    given.update({k: v for k, v in extra.items() if k in fields})
+    return ComponentSpec.resolve("attack", name, given)
+
+
 def _pattern_blocks(patterns: tuple[str, ...]) -> list[dict[str, Any]]:
     blocks = []
     for text in patterns:
@@ -312,6 +331,9 @@ def build_grid(
         if not _allowed(ablock.get("datasets"), ds.name, "dataset", source):
             continue
         specs.append(RunSpec(ds, md, df, at, sc, seed, preset=str(meta.get("name", path.stem))))
+        adaptive = _adaptive(df, at, ablock) if ablock.get("adaptive") and at is not None else None
+        if adaptive is not None:  # `adaptive = true`: the defense's own adaptive attack runs beside it
+            specs.append(RunSpec(ds, md, df, adaptive, sc, seed, preset=str(meta.get("name", path.stem))))
     unique = list(dict.fromkeys(specs))
     return Grid(
         name=str(meta.get("name", path.stem)),

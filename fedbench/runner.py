@@ -155,8 +155,12 @@ def compute_attack(job: Job) -> dict[str, Any]:
     obs = sim.run().observation
     if obs is None:
         raise RunFailure(f"{attack.name}: no '{request.point}' observation was produced")
+    if sim.defense.implements("prepare_data"):
+        obs = sim.locate(obs)  # rows and the private inputs behind data the defense replaced
     if type(attack).bind_data is not Attack.bind_data:
         attack.bind_data(sim.run_data())
+    if type(attack).bind_defense is not Attack.bind_defense:
+        attack.bind_defense(sim.defense)
     fast_float_mode()
     torch.manual_seed(spec.seed)
     model = factory().to(device)
@@ -172,6 +176,9 @@ def compute_attack(job: Job) -> dict[str, Any]:
         ]
     if bundle.meta.is_image and obs.x_true.numel():
         truth["images"] = bundle.denormalize(obs.x_true).clamp(0, 1).cpu().numpy().astype(np.float32)
+        if obs.x_private is not None:  # metrics compare with the private data; keep what was shared too
+            truth["shared_images"] = truth["images"]
+            truth["images"] = bundle.denormalize(obs.x_private).clamp(0, 1).cpu().numpy().astype(np.float32)
     return {
         "output": {f.name: getattr(output, f.name) for f in dataclasses.fields(output)},
         "truth": truth,

@@ -171,6 +171,7 @@ class Simulation:
         self.param_names = _Params(self.model).names
         self.global_state = _clone_state(self.model)
         self._client_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._client_source: dict[int, torch.Tensor] = {}
         self._needs_per_example = defense.implements("per_example")
 
     def run_data(self) -> RunData:
@@ -205,9 +206,34 @@ class Simulation:
             idx = torch.as_tensor(self.client_indices[client], device=self.device)
             x, y = self.x_train[idx], self.y_train[idx]
             if self.defense.implements("prepare_data"):
-                x, y = self.defense.prepare_data(x, y, self._ctx(-1, client, 0, "prepare"))
+                prepared = self.defense.prepare_data(x, y, self._ctx(-1, client, 0, "prepare"))
+                x, y = prepared[0], prepared[1]
+                if len(prepared) > 2 and prepared[2] is not None:  # the private input behind each row
+                    self._client_source[client] = prepared[2]
             self._client_data[client] = (x, y)
         return self._client_data[client]
+
+    def locate(self, obs: Observation) -> Observation:
+        """`obs` with `rows` (x_true's indices in the client's local data, by exact match) and, when the
+        defense replaced the data with a source (LODA, MixUp), `x_private` (the private inputs behind them).
+        """
+        if obs.client < 0 or obs.client not in self._client_data or not len(obs.x_true):
+            return obs
+        x, _ = self._client_data[obs.client]
+        flat = x.reshape(len(x), -1)
+        rows = []
+        for row in obs.x_true.to(x.device).reshape(len(obs.x_true), -1):
+            hit = torch.nonzero((flat == row).all(1)).flatten()
+            if not len(hit):
+                return obs  # not rows of the local data (e.g. an aggregate): nothing to locate
+            rows.append(int(hit[0]))
+        source = self._client_source.get(obs.client)
+        private = (
+            source[torch.as_tensor(rows, device=source.device)].detach().clone()
+            if source is not None
+            else None
+        )
+        return dataclasses.replace(obs, rows=tuple(rows), x_private=private)
 
     def _batches(self, client: int, rnd: int, n: int, epoch: int = 0) -> list[torch.Tensor]:
         """Index batches of one client's epoch: a seeded shuffle cut into batch_size pieces."""
