@@ -17,6 +17,11 @@ What it owns:
   objective).
 - Image-space helpers: normalisation constants, the valid box, conversion to [0, 1] pixels.
 
+Device residency: nothing moves to the host inside the loops. Signed Adam makes no host sync per
+iteration (its finiteness flag and success record stay on the device, read every
+`FINITE_CHECK_EVERY` iterations); L-BFGS reads one boolean per evaluation for its per-candidate
+stopping tests, which decide the control flow as in `torch.optim.LBFGS`.
+
 Non-finite objectives raise `RunFailure`. With R > 1 restarts under L-BFGS, a candidate that
 diverges is frozen at its last finite point and dropped from the best-restart choice; the run fails
 only when every candidate diverged (signed Adam cannot diverge inside the box, so any non-finite
@@ -340,15 +345,19 @@ def _adam_signed(
     if lr_decay:
         milestones = [int(iterations / 2.667), int(iterations / 1.6), int(iterations / 1.142)]
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
-    success: list[int | None] = [None] * R
+    success = _no_success(R, x.device)
+    bad_at = torch.full((), -1, dtype=torch.long, device=x.device)  # first non-finite iteration
     it = 0
     for it in range(iterations):
         opt.zero_grad(set_to_none=True)
         obj = matcher.objective(x, y)
-        if not bool(torch.isfinite(obj).all()):
-            raise _fail(name, it)
-        _record_success(success, obj, success_threshold, it)
-        if stop_on_success and all(s is not None for s in success):
+        # no host sync per iteration (on a GPU, one would stall the queue): the finiteness test and
+        # the success record stay on the device and are read every FINITE_CHECK_EVERY iterations
+        bad_at = torch.where((bad_at < 0) & ~torch.isfinite(obj).all(), it, bad_at)
+        if (it + 1) % FINITE_CHECK_EVERY == 0 and int(bad_at) >= 0:
+            raise _fail(name, int(bad_at))
+        success = _record_success(success, obj, success_threshold, it)
+        if stop_on_success and bool((success >= 0).all()):  # the stopping rule reads it every iteration
             break
         (g,) = torch.autograd.grad(obj.sum(), x)
         x.grad = g.sign()
@@ -360,22 +369,36 @@ def _adam_signed(
                 x.data = torch.maximum(torch.minimum(x.data, box[1]), box[0])
     else:
         it = iterations
+    if int(bad_at) >= 0:
+        raise _fail(name, int(bad_at))
     with torch.no_grad():
         final = matcher.objective(x.detach(), y)
     if not bool(torch.isfinite(final).all()) or not bool(torch.isfinite(x).all()):
         raise _fail(name, it)
-    _record_success(success, final, success_threshold, it)
-    return Reconstruction(x.detach(), None, final.detach(), it, it + 1, success, [False] * R)
+    success = _record_success(success, final, success_threshold, it)
+    return Reconstruction(x.detach(), None, final.detach(), it, it + 1, _success_list(success), [False] * R)
 
 
-def _record_success(success: list[int | None], obj: torch.Tensor, threshold: float | None, it: int) -> None:
+#: The signed-Adam loop reads its on-device finiteness flag every this many iterations.
+FINITE_CHECK_EVERY = 25
+
+
+def _no_success(R: int, device: torch.device) -> torch.Tensor:
+    """Per-candidate first successful iteration, on the device; -1: not yet."""
+    return torch.full((R,), -1, dtype=torch.long, device=device)
+
+
+def _record_success(
+    success: torch.Tensor, obj: torch.Tensor, threshold: float | None, it: int
+) -> torch.Tensor:
     """Mark candidates whose objective after `it` completed iterations is below the threshold."""
     if threshold is None:
-        return
-    below = (obj < threshold).tolist()
-    for r, b in enumerate(below):
-        if b and success[r] is None:
-            success[r] = it
+        return success
+    return torch.where((success < 0) & (obj < threshold), it, success)
+
+
+def _success_list(success: torch.Tensor) -> list[int | None]:
+    return [None if s < 0 else int(s) for s in success.tolist()]
 
 
 def _lbfgs(
@@ -404,7 +427,7 @@ def _lbfgs(
     # history slots: (s [R,n], y [R,n], rho [R], valid [R] bool); per-candidate FIFO of `history` entries
     slots: list[list[torch.Tensor]] = []
     dead = torch.zeros(R, dtype=torch.bool, device=dev)
-    success: list[int | None] = [None] * R
+    success = _no_success(R, dev)
     evals = 0
     loss = torch.zeros(R, dtype=dt, device=dev)
     done_iters = 0
@@ -438,9 +461,8 @@ def _lbfgs(
         keep_best(loss, z)
         alive = ~dead
         alive_loss = torch.where(alive, loss, torch.full_like(loss, math.inf))
-        _record_success(success, alive_loss, success_threshold, i)
-        finished = [s is not None or bool(dd) for s, dd in zip(success, dead.tolist(), strict=True)]
-        if stop_on_success and all(finished):
+        success = _record_success(success, alive_loss, success_threshold, i)
+        if stop_on_success and bool(((success >= 0) | dead).all()):
             break
         active = alive & (g.abs().amax(1) > tol_grad)
         step_evals = 1
@@ -517,8 +539,8 @@ def _lbfgs(
     check(final, g, z, snapshot, done_iters)
     keep_best(final, z)
     z, final = best_z, torch.where(dead, torch.full_like(best_loss, math.inf), best_loss)
-    _record_success(success, final, success_threshold, done_iters)
-    return z, final, done_iters, evals, success, dead.tolist()
+    success = _record_success(success, final, success_threshold, done_iters)
+    return z, final, done_iters, evals, _success_list(success), dead.tolist()
 
 
 # ----------------------------------------------------------------------------- attack plumbing
