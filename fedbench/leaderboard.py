@@ -749,14 +749,20 @@ def stale(root: str | Path, boards: Sequence[str] | None = None) -> list[Path]:
 # --------------------------------------------------------------------------------------------- plots
 
 
-def tradeoff_points(p: Pivot, leak_metric: str | None = None, family_of: dict[str, str] | None = None):
+def tradeoff_points(
+    p: Pivot,
+    leak_metric: str | None = None,
+    family_of: dict[str, str] | None = None,
+    utility: str = "test_acc",
+):
     """(points, utility label, leakage label) of a per-defense pivot for `plots.save_tradeoff`.
 
     Leakage is the worst case over the suite (or the only attack's value) of `leak_metric`
     [default: the first leakage column]; error bars are the cells' spreads (std or 95% CI).
+    `utility` is the y axis: test accuracy, or the test loss (RecUP-FL's learning loss).
     """
     from fedbench.plots import TradeoffPoint
-    from fedbench.tables import headline_column
+    from fedbench.tables import headline_column, metric
 
     col = headline_column(p, leak_metric)
     if col is None:
@@ -767,19 +773,21 @@ def tradeoff_points(p: Pivot, leak_metric: str | None = None, family_of: dict[st
     di = p.row_keys.index("defense") if "defense" in p.row_keys else 0
     raw = []
     for i, (key, _cells) in enumerate(p.rows):
-        u, lk = p.cell(i, "test_acc"), p.cell(i, col.key)
+        u, lk = p.cell(i, utility), p.cell(i, col.key)
         if u.value is None or lk.value is None:
             continue
         raw.append((" ".join(k for j, k in enumerate(key) if j != di) + " " + key[di], key[di], u, lk))
     sign = col.metric.leakage_sign
-    ranks = pareto_rank([u.value for _, _, u, _ in raw], [lk.value * sign for _, _, _, lk in raw])
+    um = metric(utility)
+    up = 1 if um.better == "higher" else -1
+    ranks = pareto_rank([u.value * up for _, _, u, _ in raw], [lk.value * sign for _, _, _, lk in raw])
     points = [
         TradeoffPoint(
             label=label.strip(),
             family=(family_of or {}).get(defense, defense.split("[")[0]),
-            utility=u.value * 100.0,
+            utility=u.value * um.scale,
             leakage=lk.value * col.metric.scale,
-            utility_err=(u.spread or 0.0) * 100.0,
+            utility_err=(u.spread or 0.0) * um.scale,
             leakage_err=(lk.spread or 0.0) * col.metric.scale,
             pareto_rank=rank,
         )
@@ -790,4 +798,6 @@ def tradeoff_points(p: Pivot, leak_metric: str | None = None, family_of: dict[st
         f"{col.metric.name}{' (%)' if col.metric.unit == 'pct' else ''} {col.metric.arrow} "
         f"({what}; {'lower' if col.metric.better == 'lower' else 'higher'} = less leakage)"
     )
-    return points, "test accuracy (%) ↑ (higher = better utility)", leak_label
+    if utility == "test_acc":
+        return points, "test accuracy (%) ↑ (higher = better utility)", leak_label
+    return points, f"{um.header} ({um.better} = better utility)", leak_label

@@ -28,6 +28,7 @@ _BUILTIN_MODULES = (
     "fedbench.data.shipped",
     "fedbench.data.adult",
     "fedbench.data.local",
+    "fedbench.data.audio_mnist",
     "fedbench.models.mlp",
     "fedbench.models.convnets",
     "fedbench.models.resnet",

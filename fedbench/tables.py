@@ -715,6 +715,48 @@ def target_view(p: Pivot, target: Threshold) -> Pivot:
     return select_rows(p, keep, f"best utility at {target} (on {where}; sorted by test_acc)")
 
 
+def _family(label: str) -> str:
+    """The defense family of a row label: the plugin name before its parameters."""
+    return label.split("[", 1)[0]
+
+
+def match_view(p: Pivot, text: str) -> Pivot:
+    """Matched utility (the RecUP-FL fairness protocol): per defense family, the configuration whose
+    `metric` is closest to the target (`test_loss=0.53`, display units; `test_loss=0.53~0.02` also
+    drops families with no configuration within the tolerance), sorted by headline leakage."""
+    m = re.match(
+        r"^\s*([A-Za-z_]\w*)\s*=\s*(-?[\d.]+(?:e-?\d+)?)\s*(?:~\s*([\d.]+(?:e-?\d+)?))?\s*$", text or ""
+    )
+    if not m:
+        raise FedbenchError(f"--match {text!r}: write metric=number[~tolerance], e.g. --match test_loss=0.53")
+    name, target, tol = m.group(1), float(m.group(2)), m.group(3)
+    scale = metric(name).scale
+    if name not in {c.key for c in p.columns}:
+        raise FedbenchError(f"--match {text}: '{name}' is not a column of this table")
+    if "defense" not in p.row_keys:
+        raise FedbenchError("--match needs the defense among the row columns (--rows defense,...)")
+    di = p.row_keys.index("defense")
+    others = [j for j in range(len(p.row_keys)) if j != di]
+    best: dict[tuple, tuple[float, int]] = {}
+    for i, (key, _cells) in enumerate(p.rows):
+        value = p.cell(i, name).value
+        if value is None or math.isnan(value):
+            continue
+        gap = abs(value * scale - target)
+        if tol is not None and gap > float(tol):
+            continue
+        group = (_family(key[di]), *(key[j] for j in others))
+        if group not in best or gap < best[group][0]:
+            best[group] = (gap, i)
+    if not best:
+        raise FedbenchError(f"--match {text}: no configuration has a {name} within the tolerance")
+    keep = [i for _gap, i in best.values()]
+    lc = headline_column(p)
+    if lc is not None:
+        keep.sort(key=lambda i: _num(p.cell(i, lc.key).value) * lc.metric.leakage_sign)
+    return select_rows(p, keep, f"closest to {name} = {target:g} per defense family (matched utility)")
+
+
 def _num(v: float | None, missing: float = math.inf) -> float:
     return missing if v is None or math.isnan(v) else v
 

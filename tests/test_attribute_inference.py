@@ -131,3 +131,31 @@ def test_metric_columns_are_declared():
     for name in ("asr", "asr_balanced", "asr_advantage", "asr_majority"):
         assert METRICS[name].better == "lower"
     assert np.isclose(METRICS["asr"].scale, 100)
+
+
+def test_audio_mnist_reads_a_local_root_with_speaker_attributes(tmp_path, monkeypatch):
+    from scipy.io import wavfile
+
+    monkeypatch.setenv("FEDBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "AudioMNIST" / "data"
+    meta = {
+        "1": {"gender": "male", "native speaker": "yes", "accent": "German"},
+        "2": {"gender": "female", "native speaker": "no", "accent": "Spanish"},
+    }
+    (data).mkdir(parents=True)
+    (data / "audioMNIST_meta.txt").write_text(repr(meta))
+    rng = np.random.default_rng(0)
+    for spk in ("01", "02"):
+        (data / spk).mkdir()
+        for digit in range(10):
+            for k in range(2):
+                wave = (rng.normal(size=48000 // 2) * 3000).astype(np.int16)
+                wavfile.write(data / spk / f"{digit}_{spk}_{k}.wav", 48000, wave)
+    bundle = load_dataset("audio-mnist", {"size": 16}, data_root=str(tmp_path))
+    assert tuple(bundle.x_train.shape[1:]) == (1, 16, 16) and len(bundle.y_train) == 32
+    assert bundle.meta.attribute_names["identity"][0] == "male native"
+    male = bundle.attr_train["gender"] == 1
+    assert set(bundle.attr_train["identity"][male].tolist()) == {0}  # male native speaker 01
+    assert set(bundle.attr_train["identity"][~male].tolist()) == {3}  # female non-native speaker 02
+    with pytest.raises(FedbenchError, match="--data-root"):
+        load_dataset("audio-mnist", {"size": 16})

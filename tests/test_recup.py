@@ -178,3 +178,29 @@ def test_recup_lowers_the_attack_on_a_planted_attribute(tmp_path):
         assert rows[defense]["status"] == "ok", rows[defense]["reason"]
     # measured: 0.87 without a defense, 0.47 with recup-fl, majority 0.42
     assert rows["recup-fl"]["asr"] < rows["none"]["asr"] - 0.2, (rows["recup-fl"]["asr"], rows["none"]["asr"])
+
+
+def test_match_view_picks_per_family_the_setting_closest_to_the_target_loss():
+    from fedbench.tables import METRICS, Cell, Column, Pivot, match_view
+
+    loss, asr = METRICS["test_loss"], METRICS["asr"]
+    cols = (Column("test_loss", loss), Column("aia|asr", asr, "aia"))
+    table = {
+        "none": (0.50, 0.97),
+        "recup-fl[eps=0.01]": (0.52, 0.40),
+        "recup-fl[eps=0.1]": (0.70, 0.20),
+        "dp-gaussian[sigma=0.1]": (0.54, 0.90),
+        "dp-gaussian[sigma=1]": (0.60, 0.85),
+    }
+    rows = tuple(((d,), {"test_loss": Cell(u), "aia|asr": Cell(a)}) for d, (u, a) in table.items())
+    p = Pivot("t", ("defense",), cols, rows)
+    picked = [k[0] for k, _ in match_view(p, "test_loss=0.53").rows]
+    assert picked == ["recup-fl[eps=0.01]", "dp-gaussian[sigma=0.1]", "none"]  # least ASR first
+    assert [k[0] for k, _ in match_view(p, "test_loss=0.53~0.015").rows] == [
+        "recup-fl[eps=0.01]",
+        "dp-gaussian[sigma=0.1]",
+    ]
+    with pytest.raises(FedbenchError, match="--match"):
+        match_view(p, "test_loss<0.5")
+    with pytest.raises(FedbenchError, match="not a column"):
+        match_view(p, "test_acc=0.5")

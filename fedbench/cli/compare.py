@@ -45,6 +45,9 @@ def compare_cmd(
     reported: bool = typer.Option(False, "--reported", help="Show the paper's numbers and the difference."),
     budget: str = typer.Option(None, "--budget", help="Best privacy at a utility budget, e.g. acc_drop<=2."),
     target: str = typer.Option(None, "--target", help="Best utility at a privacy target, e.g. psnr<=15."),
+    match: str = typer.Option(
+        None, "--match", help="Per defense family, the setting closest to a utility, e.g. test_loss=0.53."
+    ),
     output: Path = typer.Option(Path("results"), "-o", "--output", help="Folder searched for results."),
 ) -> None:
     """Compare defenses: utility, epsilon and leakage per attack (and worst case over attacks).
@@ -59,8 +62,10 @@ def compare_cmd(
       fedbench compare results/a.csv results/b.csv --metric psnr,ssim --format markdown
 
       fedbench compare --where dataset=mnist5k --budget acc_drop<=2
+
+      fedbench compare --metric asr --match test_loss=0.53
     """
-    from fedbench.tables import Threshold, budget_view, load_results, pivot, render, target_view
+    from fedbench.tables import Threshold, budget_view, load_results, match_view, pivot, render, target_view
 
     rs = load_results(results or [], keep=keep, default_dir=output)
     p = pivot(
@@ -72,12 +77,14 @@ def compare_cmd(
         where=where or (),
         reported=reported,
     )
-    if budget and target:
+    if sum(bool(x) for x in (budget, target, match)) > 1:
         from fedbench.errors import FedbenchError
 
-        raise FedbenchError("use --budget or --target, not both")
+        raise FedbenchError("use one of --budget, --target and --match")
     if budget:
         p = budget_view(p, Threshold.parse(budget, "--budget"))
     if target:
         p = target_view(p, Threshold.parse(target, "--target"))
+    if match:
+        p = match_view(p, match)
     emit(render(p, fmt), fmt)
