@@ -9,6 +9,7 @@ Plugins (datasets, models, defenses, attacks) subclass one of the bases here and
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -184,6 +185,7 @@ class RunData:
     train_size: int
     test_size: int
     client_indices: tuple[tuple[int, ...], ...]
+    reserved: tuple[int, ...] = ()  # training-prefix indices the defense set aside (`Defense.reserve`)
     scenario: Scenario | None = None
 
     def unused_train(self) -> range:
@@ -310,6 +312,16 @@ class Defense(Plugin):
     def bind_data(self, data: RunData) -> None:
         """Called once by the simulation before training when the defense needs data beyond its hooks'
         (RecUP-FL's zoo, FRL's auxiliary set). Default: nothing."""
+
+    def reserve(self, train_size: int, seed: int) -> Sequence[int]:
+        """Indices of the training prefix the server keeps before the data is split over the clients.
+
+        FRL's auxiliary set is carved out of the training data and held by the server (spec 003 §4):
+        no client trains on these examples, and `RunData.client_indices` (what membership attacks
+        take as members) excludes them. Must be deterministic in (train_size, seed): the utility and
+        the attack simulations of a run must carve the same set. Default: nothing.
+        """
+        return ()
 
 
 # ------------------------------------------------------------------------------------------- attacks

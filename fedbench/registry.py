@@ -32,11 +32,14 @@ _BUILTIN_MODULES = (
     "fedbench.models.mlp",
     "fedbench.models.convnets",
     "fedbench.models.resnet",
+    "fedbench.models.vgg",
     "fedbench.defenses.basic",
     "fedbench.defenses.dp",
     "fedbench.defenses.sparsification",
     "fedbench.defenses.fed_dp",
     "fedbench.defenses.soteria",
+    "fedbench.defenses.frl",
+    "fedbench.defenses.dp_calibrated",
     "fedbench.defenses.loda",
     "fedbench.defenses.mixup",
     "fedbench.defenses.gradient_pruning",
@@ -47,6 +50,7 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.sdan",
     "fedbench.attacks.attribute_inference",
     "fedbench.defenses.recup",
+    "fedbench.attacks.membership",
 )
 ENTRY_POINT_GROUP = "fedbench.plugins"
 

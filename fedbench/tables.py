@@ -101,11 +101,6 @@ METRICS: dict[str, Metric] = {
         _m("exact", "lower", "leakage", "pct", True),  # share of images recovered to the PSNR cap
         _m("attack_success", "lower", "leakage", "pct", True),  # share of runs the attack declared a success
         _m("iterations_to_success", "higher", "cost", "sig", True),
-        # attribute inference (fedbench/metrics/inference.py): the defender wants the majority-class rate
-        _m("asr", "lower", "leakage", "pct", True),
-        _m("asr_balanced", "lower", "leakage", "pct", True),
-        _m("asr_advantage", "lower", "leakage", "pp", True),
-        _m("asr_majority", "lower", "reference", "pct", True),
         # membership inference (fedbench/metrics/membership.py): the defender wants chance level
         _m("mia_acc", "lower", "leakage", "pct", True),
         _m("mia_auc", "lower", "leakage", "fixed", True),

@@ -167,7 +167,9 @@ def test_every_attack_runs_end_to_end(tmp_path, attack):
         assert row["psnr"] > 0
     elif family == "attribute":
         assert 0 <= row["asr"] <= 1
-    assert row["tm_observation"] in ("update", "step", "example", "server")
+    elif family == "membership":
+        assert 0 <= row["mia_acc"] <= 1 and row["mia_base_rate"] == 0.5
+    assert row["tm_observation"] in ("update", "step", "example", "server", "model")
 
 
 def test_grid_results_file_and_sidecar(tmp_path):

@@ -138,21 +138,30 @@ class FedSDP(Defense):
             return "noise=central is one noise on the server's sum; it needs placement=server"
         return None
 
-    def _sanitise(self, delta: dict, generator: Any) -> dict:
+    def sigma_for(self, scenario: Scenario) -> float:
+        """The noise multiplier (a fixed param here; `dp-fedavg` calibrates it to a target epsilon)."""
+        return self.params.sigma
+
+    def clip_update(self, delta: dict) -> dict:
+        """Per-layer clipping to C (Algorithm 1); `dp-fedavg` clips the whole update."""
+        return clip_per_layer(delta, self.params.clip)
+
+    def _sanitise(self, delta: dict, ctx: HookContext) -> dict:
         p = self.params
-        clipped = clip_per_layer(delta, p.clip)
+        clipped = self.clip_update(delta)
         if p.noise == "central":
             return clipped
-        return {k: v + _gaussian_like(v, p.sigma * p.clip, generator) for k, v in clipped.items()}
+        std = self.sigma_for(ctx.scenario) * p.clip
+        return {k: v + _gaussian_like(v, std, ctx.generator) for k, v in clipped.items()}
 
     def update(self, delta, ctx: HookContext):
         if self.params.placement == "client":
-            return self._sanitise(delta, ctx.generator)
+            return self._sanitise(delta, ctx)
         return delta
 
     def receive(self, delta, ctx: HookContext):
         if self.params.placement == "server":
-            return self._sanitise(delta, ctx.generator)
+            return self._sanitise(delta, ctx)
         return delta
 
     def aggregate(self, updates, weights, ctx: HookContext):
@@ -161,14 +170,15 @@ class FedSDP(Defense):
         k = len(updates)
         mean = {n: sum(u[n] for u in updates) / k for n in updates[0]}
         if p.noise == "central":
-            mean = {n: v + _gaussian_like(v, p.sigma * p.clip / k, ctx.generator) for n, v in mean.items()}
+            std = self.sigma_for(ctx.scenario) * p.clip / k
+            mean = {n: v + _gaussian_like(v, std, ctx.generator) for n, v in mean.items()}
         return mean
 
     def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
         p = self.params
         q = min(1.0, _participants(scenario) / scenario.clients)
         return _account(
-            p.sigma,
+            self.sigma_for(scenario),
             q,
             scenario.rounds,
             p.delta,
@@ -189,21 +199,30 @@ class _PerExampleDP(Defense):
     def clip_at(self, ctx: HookContext) -> float:
         raise NotImplementedError
 
+    def sigma_for(self, scenario: Scenario) -> float:
+        """The noise multiplier (a fixed param here; `dp-sgd` calibrates it to a target epsilon)."""
+        return self.params.sigma
+
+    def example_factors(self, grads: dict[str, Any], bound: float) -> dict[str, Any]:
+        """Per-example clip factors [B] of each layer: per layer (the paper); `dp-sgd` clips flat."""
+        return {k: clip_factors(g, bound) for k, g in grads.items()}
+
     def per_example(self, grads, ctx: HookContext):
         import torch
 
         p = self.params
         bound = self.clip_at(ctx)
         batch = next(iter(grads.values())).shape[0]
-        std = p.sigma * bound / (math.sqrt(batch) if p.noise == "example" else batch)
+        std = self.sigma_for(ctx.scenario) * bound / (math.sqrt(batch) if p.noise == "example" else batch)
+        factors = self.example_factors(grads, bound)
         out = {}
         for k, g in grads.items():  # mean of the clipped examples, without materialising them
-            factor = clip_factors(g, bound)
-            mean = torch.tensordot(factor.to(g.dtype), g, dims=1) / g.shape[0]
+            mean = torch.tensordot(factors[k].to(g.dtype), g, dims=1) / g.shape[0]
             out[k] = mean + _gaussian_like(mean, std, ctx.generator)
         return out
 
-    def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
+    def sampling(self, scenario: Scenario, train_size: int) -> tuple[float, int, int]:
+        """(q, steps, local steps): example sampling rate B*K_t/N (or `sample_rate`) and T*L steps."""
         p = self.params
         local = _local_steps(scenario, train_size)
         if p.sample_rate:
@@ -211,7 +230,12 @@ class _PerExampleDP(Defense):
         else:
             batch = scenario.batch_size or max(1, train_size // scenario.clients)
             q = min(1.0, batch * _participants(scenario) / max(1, train_size))
-        return _account(p.sigma, q, scenario.rounds * local, p.delta, "example", p.accountant, local)
+        return q, scenario.rounds * local, local
+
+    def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
+        p = self.params
+        q, steps, local = self.sampling(scenario, train_size)
+        return _account(self.sigma_for(scenario), q, steps, p.delta, "example", p.accountant, local)
 
 
 _NOISE_HELP = "example: N(0, sigma^2 C^2) per example (Algorithm 2); batch: once per batch (Abadi)"

@@ -21,7 +21,8 @@ Observation points and the leakage types of Fed-CDP (spec 002 §1):
   update as it leaves the client, after the `update` hook;
 - `server` (type-0): the same update as the server holds it, after the server-side `receive` hook
   (Fed-SDP with server-side noise), before aggregation;
-- `aggregate`: the server's aggregate; `model`: the final global model.
+- `aggregate`: the server's aggregate; `model`: the final global model (black-box access; `client`
+  names the victim whose membership is attacked, x_true/y_true are the whole training prefix).
 With `cohort=True` (attacks that score many victims, e.g. attribute inference) a client-level point
 is recorded for every participant of the observed round: the victim's observation carries them all
 in `Observation.cohort`, sharing one copy of the received global state.
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -148,20 +150,25 @@ class Simulation:
         self.y_test = bundle.y_test[:n_test].to(self.device)
         self.attr_train = {k: v[:n_train] for k, v in bundle.attr_train.items()}
         groups = bundle.groups_train[:n_train].numpy() if bundle.groups_train is not None else None
-        if scenario.clients > n_train:
+        # examples the server keeps for itself (FRL's auxiliary set) are split over no client
+        reserve = defense.reserve(n_train, seed) if defense.implements("reserve") else ()
+        self.reserved = tuple(int(i) for i in reserve)
+        kept = np.setdiff1d(np.arange(n_train), np.asarray(self.reserved, dtype=np.int64))
+        if scenario.clients > len(kept):
             raise FedbenchError(
-                f"scenario.clients={scenario.clients} exceeds the {n_train} training examples; "
+                f"scenario.clients={scenario.clients} exceeds the {len(kept)} training examples; "
                 "lower clients or raise train_size"
             )
-        self.client_indices = partition(
-            self.y_train.cpu().numpy(),
+        parts = partition(
+            self.y_train.cpu().numpy()[kept],
             scenario.clients,
             scenario.partition,
             seed=seed,
             alpha=scenario.alpha,
             shards_per_client=scenario.shards_per_client,
-            groups=groups,
+            groups=groups[kept] if groups is not None else None,
         )
+        self.client_indices = [kept[ix] for ix in parts]
 
         self.bundle = bundle
         if defense.implements("bind_data"):
@@ -181,6 +188,7 @@ class Simulation:
             train_size=len(self.y_train),
             test_size=len(self.y_test),
             client_indices=tuple(tuple(int(i) for i in ix) for ix in self.client_indices),
+            reserved=self.reserved,
             scenario=self.sc,
         )
 
@@ -463,7 +471,7 @@ class Simulation:
             self.observation = Observation(
                 point="model",
                 round=self.sc.rounds,
-                client=-1,
+                client=self.observe.client,  # the victim whose membership is attacked (RunData has its data)
                 kind="model",
                 shared={},
                 global_state=_clone_state(self.model),

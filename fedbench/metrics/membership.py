@@ -1,0 +1,89 @@
+"""Membership-inference metrics: accuracy, ROC AUC, TPR at low FPR (interpolated), advantage.
+
+The field now judges a membership attack by its true-positive rate at a low false-positive rate
+(Carlini et al., "Membership Inference Attacks From First Principles", 2022), not by accuracy alone:
+an attack that is right on average may still identify no member confidently. Scores are "higher
+means member". The ROC curve is sklearn's (`roc_curve` with `drop_intermediate=False`), and the TPR
+at a target FPR is read off it by linear interpolation between the two ROC points around the target
+(the randomised mixture of the two thresholds achieves every point on that segment), taking the
+highest TPR at the target when a vertical segment sits exactly on it.
+
+`advantage` is TPR - FPR of the attack's own decisions (Yeom et al. 2018): 0 for guessing, 1 for a
+perfect attack; on a balanced set it equals 2 * accuracy - 1. The member base rate of the evaluated
+set is reported beside the metrics, so 50% accuracy reads as chance only when the rate is 0.5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+LOW_FPRS: tuple[tuple[str, float], ...] = (("mia_tpr_at_0.1pct_fpr", 1e-3), ("mia_tpr_at_1pct_fpr", 1e-2))
+
+
+@dataclass(frozen=True)
+class MembershipScores:
+    """The metrics of one membership attack on one evaluation set."""
+
+    accuracy: float
+    auc: float
+    tpr_at_low_fpr: dict[str, float]
+    advantage: float
+    base_rate: float
+    examples: int
+
+    def row(self) -> dict[str, float]:
+        return {
+            "mia_acc": self.accuracy,
+            "mia_auc": self.auc,
+            **self.tpr_at_low_fpr,
+            "mia_advantage": self.advantage,
+            "mia_base_rate": self.base_rate,
+            "mia_examples": self.examples,
+        }
+
+
+def roc_points(is_member: Any, scores: Any) -> tuple[Any, Any]:
+    """(fpr, tpr) of every threshold, from (0, 0) to (1, 1), non-decreasing in both."""
+    import numpy as np
+    from sklearn.metrics import roc_curve
+
+    fpr, tpr, _ = roc_curve(
+        np.asarray(is_member).astype(int), np.asarray(scores, dtype=float), drop_intermediate=False
+    )
+    return fpr, tpr
+
+
+def tpr_at_fpr(fpr: Any, tpr: Any, target: float) -> float:
+    """TPR at FPR = target, linearly interpolated on the ROC curve (see the module docstring)."""
+    import numpy as np
+
+    fpr, tpr = np.asarray(fpr, dtype=float), np.asarray(tpr, dtype=float)
+    at_or_below = np.nonzero(fpr <= target)[0]
+    i = int(at_or_below[-1])  # the last point at or left of the target: the highest TPR there
+    if fpr[i] == target or i == len(fpr) - 1:
+        return float(tpr[i])
+    f0, f1, t0, t1 = fpr[i], fpr[i + 1], tpr[i], tpr[i + 1]
+    return float(t0 + (t1 - t0) * (target - f0) / (f1 - f0))
+
+
+def membership_scores(is_member: Any, scores: Any, predictions: Any) -> MembershipScores:
+    """Accuracy and advantage of the attack's decisions, AUC and low-FPR TPRs of its scores."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    truth = np.asarray(is_member).astype(bool)
+    pred = np.asarray(predictions).astype(bool)
+    if truth.all() or not truth.any():
+        raise ValueError("membership metrics need both members and non-members in the evaluated set")
+    fpr, tpr = roc_points(truth, scores)
+    decision_tpr = float(pred[truth].mean())
+    decision_fpr = float(pred[~truth].mean())
+    return MembershipScores(
+        accuracy=float((pred == truth).mean()),
+        auc=float(roc_auc_score(truth.astype(int), np.asarray(scores, dtype=float))),
+        tpr_at_low_fpr={name: tpr_at_fpr(fpr, tpr, target) for name, target in LOW_FPRS},
+        advantage=decision_tpr - decision_fpr,
+        base_rate=float(truth.mean()),
+        examples=int(truth.size),
+    )
