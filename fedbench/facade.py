@@ -10,16 +10,17 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fedbench import __version__
-from fedbench.cache import RunCache
+from fedbench.cache import CacheWarning, RunCache
 from fedbench.grid import Grid, Overrides, build_grid
 from fedbench.paths import default_cache_dir
 from fedbench.results import results_path, write_results
-from fedbench.runner import RunContext, RunEvent, check_device, run_grid, torch_version
+from fedbench.runner import GridInterrupted, RunContext, RunEvent, check_device, run_grid, torch_version
 from fedbench.spec import ComponentSpec
 
 
@@ -62,11 +63,36 @@ def execute_grid(
     n_jobs: int = 1,
     on_event: Callable[[RunEvent], None] | None = None,
     command: str = "",
+    fail_fast: bool = False,
 ) -> tuple[list[dict[str, Any]], Path | None]:
-    """Run a grid and write its results (CSV + JSON sidecar) when `out_dir` is given."""
-    rows = run_grid(list(grid.specs), cache, ctx, n_jobs=n_jobs, on_event=on_event)
+    """Run a grid and write its results (CSV + JSON sidecar) when `out_dir` is given.
+
+    On Ctrl-C the finished runs are written (the sidecar says `interrupted`) and the
+    `GridInterrupted` is re-raised with `path` set. Cache warnings are warned here when no
+    `on_event` callback took them.
+    """
+    try:
+        rows = run_grid(list(grid.specs), cache, ctx, n_jobs=n_jobs, on_event=on_event, fail_fast=fail_fast)
+    except GridInterrupted as exc:
+        exc.path = _write_grid_results(grid, ctx, exc.rows, out_dir, command, True, on_event is None)
+        raise
+    return rows, _write_grid_results(grid, ctx, rows, out_dir, command, False, on_event is None)
+
+
+def _write_grid_results(
+    grid: Grid,
+    ctx: RunContext,
+    rows: list[dict[str, Any]],
+    out_dir: str | Path | None,
+    command: str,
+    interrupted: bool,
+    warn: bool,
+) -> Path | None:
     history, per_image = {}, {}
     for row in rows:
+        for message in row.pop("_warnings", ()):
+            if warn:
+                warnings.warn(message, CacheWarning, stacklevel=3)
         h = row.pop("_history", None)
         if h is not None:
             history[row["utility_id"]] = h
@@ -90,9 +116,11 @@ def execute_grid(
             "per_image": per_image,
             "reported": list(grid.reported),
             "board": grid.board,
+            "interrupted": interrupted,
+            "finished_runs": len(rows),
         }
-        write_results(rows, sidecar, path)
-    return rows, path
+        path = write_results(rows, sidecar, path)
+    return path
 
 
 def run(
@@ -110,6 +138,8 @@ def run(
     out_dir: str | Path | None = None,
     n_jobs: int = 1,
     use_cache: bool = True,
+    timeout: float | None = None,
+    fail_fast: bool = False,
 ):
     """Run a preset (name or path) and return one row per run as a pandas DataFrame."""
     import pandas as pd
@@ -119,9 +149,9 @@ def run(
 
     overrides = Overrides(tup(datasets), tup(models), tup(defenses), tup(attacks), tuple(sets), seeds)
     grid = build_grid(preset, overrides)
-    ctx = RunContext(device=check_device(device), data_root=data_root)
+    ctx = RunContext(device=check_device(device), data_root=data_root, timeout=timeout)
     cache = RunCache((cache_dir or default_cache_dir()) if use_cache else None)
-    rows, _ = execute_grid(grid, ctx, cache, out_dir, n_jobs=n_jobs)
+    rows, _ = execute_grid(grid, ctx, cache, out_dir, n_jobs=n_jobs, fail_fast=fail_fast)
     return pd.DataFrame(rows)
 
 

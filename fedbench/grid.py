@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -35,6 +36,13 @@ COMPONENTS = ("dataset", "model", "defense", "attack")
 _TOP_LEVEL = {"grid", "scenario", "reported", *COMPONENTS}
 _GRID_KEYS = {"name", "description", "paper", "seeds", "substitution", "extends", "full_data", "board"}
 _BLOCK_KEYS = {"name", "params", "datasets", "models", "adaptive", "adaptive_params"}
+# A grid larger than this is a typo (a seed count of 10**9, a sweep pasted twice), not a benchmark.
+MAX_RUNS = 100_000
+
+
+def _check_size(n: int, what: str) -> None:
+    if n > MAX_RUNS:
+        raise SpecError(f"{what} expands to {n} runs, more than {MAX_RUNS}; narrow the sweep")
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,7 @@ def _sweep(kind: str, name: str, params: dict[str, Any], where: str) -> list[dic
         if sweeps and not value:
             raise SpecError(f"{where}: parameter '{key}' sweeps over an empty list")
         axes.append([(key, v) for v in value] if sweeps else [(key, value)])
+    _check_size(math.prod(len(a) for a in axes), where)
     return [dict(combo) for combo in itertools.product(*axes)] if axes else [{}]
 
 
@@ -241,7 +250,11 @@ def _scenarios(values: dict[str, Any], source: str) -> list[Scenario]:
             hint = difflib.get_close_matches(key, sorted(fields), n=1)
             more = f"did you mean '{hint[0]}'? " if hint else ""
             raise UnknownNameError(f"{source}: [scenario] unknown key '{key}'; {more}")
+    for key, value in values.items():
+        if isinstance(value, list) and not value:
+            raise SpecError(f"{source}: [scenario] {key} sweeps over an empty list; give at least one value")
     axes = [[(k, x) for x in v] if isinstance(v, list) else [(k, v)] for k, v in values.items()]
+    _check_size(math.prod(len(a) for a in axes), f"{source}: [scenario]")
     out = []
     for combo in itertools.product(*axes):
         try:
@@ -257,6 +270,7 @@ def _seeds(value: Any, source: str) -> tuple[int, ...]:
     if isinstance(value, int):
         if value < 1:
             raise SpecError(f"{source}: [grid] seeds must be >= 1; got {value}")
+        _check_size(value, f"{source}: [grid] seeds = {value}")
         return tuple(range(value))
     if (
         isinstance(value, list)
@@ -319,6 +333,8 @@ def build_grid(
         raise SpecError(f"{source}: no [[dataset]] given; add one or pass -d NAME")
     if not models:
         raise SpecError(f"{source}: no [[model]] given; add one or pass -m NAME")
+    sizes = (datasets, models, scenarios, defenses, attacks, seeds)
+    _check_size(math.prod(len(x) for x in sizes), f"{source}: the grid")
 
     specs = []
     for (ds, _), (md, mblock), sc, (df, _), (at, ablock), seed in itertools.product(
@@ -335,6 +351,8 @@ def build_grid(
         if adaptive is not None:  # `adaptive = true`: the defense's own adaptive attack runs beside it
             specs.append(RunSpec(ds, md, df, adaptive, sc, seed, preset=str(meta.get("name", path.stem))))
     unique = list(dict.fromkeys(specs))
+    if not unique:
+        raise SpecError(f"{source}: the grid has no runs; the blocks' datasets/models lists exclude all")
     return Grid(
         name=str(meta.get("name", path.stem)),
         description=str(meta.get("description", "")),

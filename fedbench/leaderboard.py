@@ -136,6 +136,7 @@ class Board:
     @classmethod
     def from_json(cls, data: dict[str, Any], where: str) -> Board:
         _validate(data, BOARD_SCHEMA, where)
+        _check_board(data, where)
         return cls(
             name=data["name"],
             title=data["title"],
@@ -347,17 +348,60 @@ def _validate(data: Any, schema: dict[str, Any], where: str) -> None:
         raise FedbenchError(f"{where}: schema {data['schema']} is not {SCHEMA_VERSION}; re-export the board")
 
 
+def _short(v: Any) -> str:
+    return repr(v)[:40]
+
+
+def _str_list(value: Any, where: str, allowed: Any = None) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise FedbenchError(f"{where} must be a list of strings")
+    for v in value:
+        if allowed is not None and v not in allowed:
+            raise FedbenchError(f"{where}: unknown metric {_short(v)}")
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    """An optional JSON object: None -> {}; anything else but an object is an error."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FedbenchError(f"{where} must be an object or null, got {type(value).__name__}")
+    return value
+
+
+def _check_board(data: dict[str, Any], where: str) -> None:
+    """Board fields beyond their types: known metrics, lists of names, parseable views."""
+    from fedbench.tables import Threshold
+
+    _str_list(data["attack_suite"], f"{where}: attack_suite")
+    _str_list(data["metrics"], f"{where}: metrics", METRICS)
+    if data["headline"] not in METRICS:
+        raise FedbenchError(f"{where}: headline {_short(data['headline'])} is not a known metric")
+    for key in ("description", "preset", "substitution"):
+        if not isinstance(data.get(key, ""), str):
+            raise FedbenchError(f"{where}: '{key}' must be a string")
+    _str_list(data.get("views", []), f"{where}: views")
+    for view in data.get("views", []):
+        kind, _, text = view.partition(":")
+        if kind not in ("budget", "target"):
+            raise FedbenchError(f"{where}: view {_short(view)} must start with budget: or target:")
+        Threshold.parse(text, f"{where}: view {kind}")
+
+
 def _check_stat(stat: Any, where: str) -> None:
     if stat is None:
         return
     if not isinstance(stat, dict):
         raise FedbenchError(f"{where}: must be an object with mean, spread, n (numbers), or null")
     if not _is_num(stat.get("mean")):
-        raise FedbenchError(f"{where}.mean must be a number, got {stat.get('mean')!r}")
+        raise FedbenchError(f"{where}.mean must be a number, got {_short(stat.get('mean'))}")
     if stat.get("spread") is not None and not _is_num(stat["spread"]):
-        raise FedbenchError(f"{where}.spread must be a number or null, got {stat['spread']!r}")
+        raise FedbenchError(f"{where}.spread must be a number or null, got {_short(stat['spread'])}")
     if not isinstance(stat.get("n"), int) or isinstance(stat.get("n"), bool) or stat["n"] < 1:
         raise FedbenchError(f"{where}.n must be a positive integer")
+    for key in ("spread_kind", "attack"):
+        if not isinstance(stat.get(key, ""), str):
+            raise FedbenchError(f"{where}.{key} must be a string")
 
 
 def validate_entry(entry: Any, board: Board, where: str) -> None:
@@ -369,6 +413,7 @@ def validate_entry(entry: Any, board: Board, where: str) -> None:
         raise FedbenchError(f"{where}: scenario differs from {board.name}/{BOARD_FILE}; entries share one")
     if list(entry["attack_suite"]) != list(board.attack_suite):
         raise FedbenchError(f"{where}: attack suite {entry['attack_suite']} is not the board's")
+    _str_list(entry["attack_suite"], f"{where}: attack_suite")
     m = entry["metrics"]
     if m.get("test_acc") is None:
         raise FedbenchError(f"{where}: metrics.test_acc is required")
@@ -376,17 +421,21 @@ def validate_entry(entry: Any, board: Board, where: str) -> None:
         _check_stat(m.get(key), f"{where}: metrics.{key}")
     for key in ("epsilon", "delta"):
         if m.get(key) is not None and not _is_num(m[key]):
-            raise FedbenchError(f"{where}: metrics.{key} must be a number or null, got {m[key]!r}")
-    for att, stats in (m.get("leakage") or {}).items():
-        for name, stat in stats.items():
+            raise FedbenchError(f"{where}: metrics.{key} must be a number or null, got {_short(m[key])}")
+    for key, value in _table(m.get("cost"), f"{where}: metrics.cost").items():
+        if value is not None and not _is_num(value):
+            raise FedbenchError(f"{where}: metrics.cost.{key} must be a number or null")
+    for att, stats in _table(m.get("leakage"), f"{where}: metrics.leakage").items():
+        for name, stat in _table(stats, f"{where}: metrics.leakage.{att}").items():
             _check_stat(stat, f"{where}: metrics.leakage.{att}.{name}")
-    for name, stat in (m.get("worst_case") or {}).items():
+    for name, stat in _table(m.get("worst_case"), f"{where}: metrics.worst_case").items():
         _check_stat(stat, f"{where}: metrics.worst_case.{name}")
         if name not in METRICS:
-            raise FedbenchError(f"{where}: metrics.worst_case has unknown metric '{name}'")
+            raise FedbenchError(f"{where}: metrics.worst_case has unknown metric {_short(name)}")
     for s in entry["seeds"]:
         if not isinstance(s, int) or isinstance(s, bool):
             raise FedbenchError(f"{where}: seeds must be integers")
+    _str_list(entry["run_ids"], f"{where}: run_ids")
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -405,9 +454,9 @@ def write_board(root: str | Path, board: Board, entries: list[dict[str, Any]]) -
     """Write board.json and the entries (replacing the board's previous entries); returns the folder."""
     folder = Path(root) / board.name
     edir = folder / ENTRIES_DIR
-    edir.mkdir(parents=True, exist_ok=True)
-    for entry in entries:
+    for entry in entries:  # before touching the folder: a bad entry writes nothing
         validate_entry(entry, board, f"entry {entry.get('defense')}")
+    edir.mkdir(parents=True, exist_ok=True)
     names = {f"{slug(e['defense'])}.json" for e in entries}
     for old in edir.glob("*.json"):
         if old.name not in names:

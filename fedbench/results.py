@@ -36,6 +36,7 @@ COST = ["seconds", "utility_seconds", "attack_seconds", "peak_rss_mb"]
 STATUS = ["status", "from_cache", "reason"]
 PROVENANCE = ["fedbench_version", "torch_version", "device", "created_at"]
 SCENARIO_PREFIX = "sc_"
+_FILE_MODE = 0o644
 
 
 def order_columns(columns: list[str]) -> list[str]:
@@ -54,16 +55,49 @@ def order_columns(columns: list[str]) -> list[str]:
     )
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` with `text` all at once: a reader sees the old file or the new, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes it 0600; results are meant to be shared
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _atomic_create(path: Path, text: str) -> Path:
+    """Write `text` to `path`, or to `<stem>-2<suffix>`, ... when that name is taken; never overwrites.
+
+    The file is complete before its name appears (hard link of a finished temporary file, which fails
+    when the name exists), so two processes finishing in the same second keep both files.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes it 0600; results are meant to be shared
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        for n in range(1, 1000):
+            target = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+            try:
+                os.link(tmp, target)
+                return target
+            except FileExistsError:
+                continue
+            except OSError:  # no hard links on this file system: reserve the name, then rename over it
+                try:
+                    os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                except FileExistsError:
+                    continue
+                os.replace(tmp, target)
+                return target
+        raise FedbenchError(f"{path.parent}: too many results files named {path.stem}-N; pass another -o")
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def results_path(out_dir: str | Path, preset: str, when: datetime | None = None) -> Path:
@@ -73,13 +107,17 @@ def results_path(out_dir: str | Path, preset: str, when: datetime | None = None)
 
 
 def write_results(rows: list[dict[str, Any]], sidecar: dict[str, Any], path: Path) -> Path:
-    """Write the CSV and its JSON sidecar atomically; returns the CSV path."""
+    """Write the CSV and its JSON sidecar atomically; returns the CSV path.
+
+    When `path` exists (another run finished in the same second) the CSV gets a `-2`, `-3`... suffix;
+    the sidecar is written after the CSV, so a CSV with a sidecar is always complete.
+    """
     import pandas as pd
 
     frame = pd.DataFrame(rows)
     frame = frame[order_columns(list(frame.columns))]
-    _atomic_write(path, frame.to_csv(index=False))
-    _atomic_write(
+    path = _atomic_create(path, frame.to_csv(index=False))
+    atomic_write(
         path.with_suffix(".json"), json.dumps(sidecar, indent=1, sort_keys=True, default=_json_default)
     )
     return path
@@ -129,6 +167,26 @@ def read_results(path: str | Path):
     missing = [c for c in ("run_id", "defense", "status") if c not in frame.columns]
     if missing:
         raise FedbenchError(f"{path}: not a fedbench results file (missing columns: {', '.join(missing)})")
+    return _check_numbers(frame, path)
+
+
+def _check_numbers(frame, path: Path):
+    """Numeric columns (utility, epsilon, cost, every catalogued metric) must hold numbers or blanks."""
+    import pandas as pd
+
+    from fedbench.tables import METRICS
+
+    numeric = {*UTILITY, *COST, "epsilon", "delta", "seed", *METRICS}
+    for col in [c for c in frame.columns if c in numeric]:
+        values = pd.to_numeric(frame[col], errors="coerce")
+        bad = frame[col].notna() & values.isna()
+        if bad.any():
+            first = frame[col][bad].iloc[0]
+            raise FedbenchError(
+                f"{path}: column '{col}' holds a non-number ({str(first)[:40]!r}); "
+                "the file is damaged: rewrite it with 'fedbench run'"
+            )
+        frame[col] = values
     return frame
 
 

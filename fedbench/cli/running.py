@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -57,6 +61,10 @@ def run_cmd(
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
     force: bool = typer.Option(False, "--force", help="Recompute every run and overwrite its cache entry."),
     n_jobs: int = typer.Option(1, "--n-jobs", "-j", min=1, help="Parallel worker processes."),
+    timeout: float = typer.Option(
+        None, "--timeout", help="Seconds per run; a run past it becomes a 'timeout' row (not cached)."
+    ),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first failed or timed-out run."),
     threads: int = typer.Option(
         None,
         "--threads",
@@ -79,10 +87,21 @@ def run_cmd(
       fedbench run quickstart -D none -D "dp-gaussian[sigma=[0.001,0.01]]" --seeds 3
 
       fedbench run my_grid.toml --set scenario.rounds=20 --data-root ~/data
+
+    Exit codes: 0 all runs ok or skipped, 1 some run failed or timed out (the results hold every
+    finished run), 2 bad input (nothing run, nothing written), 130 interrupted by Ctrl-C or SIGTERM
+    (finished runs are cached and written; the same command resumes).
     """
     from fedbench.cache import RunCache
     from fedbench.grid import build_grid
-    from fedbench.runner import RunContext, check_device, preflight
+    from fedbench.runner import (
+        STOP_STATUSES,
+        GridInterrupted,
+        RunContext,
+        check_device,
+        check_timeout,
+        preflight,
+    )
 
     load_plugins(plugin)
     grid = build_grid(
@@ -94,7 +113,11 @@ def run_cmd(
         _print_plan(grid)
         return
     ctx = RunContext(
-        device=check_device(device), data_root=data_root_option(data_root), download=download, threads=threads
+        device=check_device(device),
+        data_root=data_root_option(data_root),
+        download=download,
+        threads=threads,
+        timeout=check_timeout(timeout, n_jobs),
     )
     preflight(list(grid.specs), ctx)  # a missing --data-root fails here, before any output
     cache = RunCache(None if no_cache else cache_dir_option(cache_dir), force=force)
@@ -105,25 +128,56 @@ def run_cmd(
     )
     started = time.perf_counter()
     counts: Counter = Counter()
-    rows, path = _run_with_progress(grid, ctx, cache, output, n_jobs, counts)
+    try:
+        with _sigterm_as_interrupt():
+            rows, path = _run_with_progress(grid, ctx, cache, output, n_jobs, counts, fail_fast)
+    except GridInterrupted as exc:
+        where = f"; results of the finished runs: {exc.path}" if exc.path else ""
+        err.print(
+            f"interrupted: {len(exc.rows)} of {exc.total} runs finished (all cached){where}; "
+            "run the same command again to compute the rest",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     elapsed = time.perf_counter() - started
     written = _print_summary(rows, path)
-    status = ", ".join(f"{counts[s]} {s}" for s in ("done", "cached", "skipped", "failed") if counts[s])
+    status = ", ".join(f"{counts[s]} {s}" for s in ("done", "cached", "skipped", *STOP_STATUSES) if counts[s])
     err.print(f"{len(rows)} runs in {elapsed:.1f} s ({status})", highlight=False)
+    if len(rows) < len(grid.specs):
+        err.print(
+            f"stopped at the first failure (--fail-fast): {len(grid.specs) - len(rows)} runs not started"
+        )
     err.print(f"results (CSV): {path}", highlight=False)
     for what, where in written.items():
         err.print(f"{what}: {where}", highlight=False)
     for row in rows:
-        if row["status"] == "failed":
+        if row["status"] in STOP_STATUSES:
             err.print(
-                f"failed {row['run_id']} {row['defense']} {row['attack']}: {row['reason']}",
+                f"{row['status']} {row['run_id']} {row['defense']} {row['attack']}: {row['reason']}",
                 highlight=False,
             )
-    if counts["failed"]:
+    if any(counts[s] for s in STOP_STATUSES):
         raise typer.Exit(1)
 
 
-def _run_with_progress(grid, ctx, cache, output, n_jobs, counts):
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a grid like Ctrl-C: finished runs are written, exit 130."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_with_progress(grid, ctx, cache, output, n_jobs, counts, fail_fast=False):
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -153,12 +207,16 @@ def _run_with_progress(grid, ctx, cache, output, n_jobs, counts):
             progress.update(
                 task, completed=event.index, status=" ".join(f"{k}={v}" for k, v in sorted(counts.items()))
             )
-            if event.status == "failed":
+            if event.status in ("failed", "timeout"):
                 progress.console.print(
-                    f"failed: {event.spec.describe()}: {event.row.get('reason')}", highlight=False
+                    f"{event.status}: {event.spec.describe()}: {event.row.get('reason')}", highlight=False
                 )
+            for message in event.row.get("_warnings", ()):
+                progress.console.print(f"warning: {message}", highlight=False)
 
-        return execute_grid(grid, ctx, cache, output, n_jobs=n_jobs, on_event=on_event, command=command)
+        return execute_grid(
+            grid, ctx, cache, output, n_jobs=n_jobs, on_event=on_event, command=command, fail_fast=fail_fast
+        )
 
 
 def _print_summary(rows, path) -> dict[str, str]:
@@ -169,6 +227,7 @@ def _print_summary(rows, path) -> dict[str, str]:
     if path is None or not any(r["status"] == "ok" for r in rows):
         return {}
     from fedbench import leaderboard as lb
+    from fedbench.results import atomic_write
     from fedbench.tables import load_results, pivot, to_markdown, to_rich
 
     rs = load_results([path])
@@ -182,7 +241,7 @@ def _print_summary(rows, path) -> dict[str, str]:
         markdown = to_markdown(table)
     out.print(to_rich(table))
     md = path.with_suffix(".md")
-    md.write_text(markdown, encoding="utf-8")
+    atomic_write(md, markdown)
     written["markdown"] = str(md)
     try:
         from fedbench.plots import save_tradeoff
