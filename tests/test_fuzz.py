@@ -440,3 +440,19 @@ def test_leaderboard_render_cli_writes_nothing_on_bad_files(board_copy, data):
     for path in board_copy.parent.rglob("*"):  # a successful render may rewrite; start the next clean
         if path.is_file() and path in before:
             path.write_bytes(before[path])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--seeds", "1000000000"],
+        ["--set", "grid.seeds=1000000000"],
+        ["--set", "scenario.rounds=[]"],
+        ["-D", f"dp-gaussian[sigma=[{','.join(['0.1'] * 400)}],clip=[{','.join(['1'] * 400)}]]"],
+    ],
+)
+def test_huge_or_empty_grids_are_refused_before_expansion(tmp_path, args):
+    """A typo that would expand to millions of runs (or to none) is a usage error, not a hang."""
+    res = runner.invoke(app, ["run", "smoke", *args, "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2 and ("more than 100000" in res.output or "empty list" in res.output), res.output
+    assert not (tmp_path / "o").exists()
