@@ -128,17 +128,19 @@ class RunCache:
         if self.force:
             return func.call(key, job)[0], False
         if func.check_call_in_cache(key, job):
+            shelved = func.call_and_shelve(key, job)
             try:
-                value = func.call_and_shelve(key, job).get()
+                value = shelved.get()
                 if not isinstance(value, dict) or "seconds" not in value:
                     raise ValueError(f"holds a {type(value).__name__}, not a run result")
                 return value, True
-            except Exception as exc:  # truncated or corrupted: recompute and overwrite the entry
+            except Exception as exc:  # truncated or corrupted: drop it, recompute, store the new value
                 what = func.func.__name__.strip("_").replace("_entry", "")
                 self._warnings.append(
                     f"corrupted {what} cache entry {_run_id(key)} ({type(exc).__name__}: "
                     f"{str(exc).splitlines()[0][:120] if str(exc) else 'unreadable'}); recomputed"
                 )
+                shelved.clear()  # a recomputation that fails must not leave the damaged entry behind
                 return func.call(key, job)[0], False
         return func(key, job), False
 

@@ -351,6 +351,23 @@ def test_corrupted_cache_entry_is_recomputed_with_one_warning(tmp_path, damage):
     assert frames[0]["test_acc"].iloc[0] == frames[1]["test_acc"].iloc[0] == frames[2]["test_acc"].iloc[0]
 
 
+def test_a_corrupted_entry_whose_recomputation_fails_is_dropped(tmp_path, monkeypatch):
+    from fedbench import runner as runner_mod
+
+    cache, spec, ctx = RunCache(tmp_path / "c"), _spec("none"), RunContext(threads=1)
+    assert execute(spec, cache, ctx)["status"] == "ok"
+    (entry,) = _entries(tmp_path / "c")
+    entry.write_bytes(entry.read_bytes()[:10])
+
+    def broken(job):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(runner_mod, "compute_utility", broken)
+    row = execute(spec, cache, ctx)
+    assert row["status"] == "failed" and len(row["_warnings"]) == 1
+    assert not cache.has_utility(canonical_json(spec.utility_key())) and not _entries(tmp_path / "c")
+
+
 def test_library_users_get_a_python_warning_for_a_corrupted_entry(tmp_path):
     from fedbench.cache import CacheWarning
 
