@@ -99,11 +99,16 @@ def _gla(
     return rec.x[rec.best]
 
 
-def _pool_rows(components: torch.Tensor, observed: list[int], pool: int) -> list[int]:
-    """The observed encodings, then those sharing the most images with them, up to `pool` rows."""
+def _pool_rows(components: torch.Tensor, targets: set[int], observed: list[int], pool: int) -> list[int]:
+    """The observed encodings, then those holding a target image (the observed encodings' largest-weight
+    components), then those sharing the most images with the observed ones, up to `pool` rows."""
     wanted = set(components[observed].flatten().tolist())
-    shared = [(sum(int(c) in wanted for c in row.tolist()), r) for r, row in enumerate(components)]
-    others = [r for n, r in sorted(shared, key=lambda t: (-t[0], t[1])) if n > 0 and r not in observed]
+    score = [
+        (any(int(c) in targets for c in row.tolist()), sum(int(c) in wanted for c in row.tolist()), r)
+        for r, row in enumerate(components)
+    ]
+    ranked = sorted(score, key=lambda t: (not t[0], -t[1], t[2]))
+    others = [r for hit, n, r in ranked if (hit or n > 0) and r not in observed]
     return observed + others[: max(0, pool - len(observed))]
 
 
@@ -166,7 +171,8 @@ def run_mixup_decode(
         bound = torch.maximum(lo.abs(), hi.abs())
         lo, hi = -bound, bound
     observed = list(observation.rows)
-    rows = _pool_rows(mixing.components, observed, p.pool)
+    dominant = [int(mixing.components[r, int(mixing.coefficients[r].argmax())]) for r in observed]
+    rows = _pool_rows(mixing.components, set(dominant), observed, p.pool)
     target, _ = target_gradient(observation.kind, observation.shared, observation.lr, observation.local_steps)
     labels = observation.y_true.detach().long().to(device)  # the threat model grants the labels
     recovered = {}
@@ -200,7 +206,6 @@ def run_mixup_decode(
         p.decode_lr,
         p.reg,
     )
-    dominant = [int(mixing.components[r, int(mixing.coefficients[r].argmax())]) for r in observed]
     out = torch.stack([images[i] for i in dominant])
     extra = {
         "adaptive": True,

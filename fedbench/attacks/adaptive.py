@@ -72,7 +72,7 @@ class LodaAdaptive(_DefenseAware):
 class MixupDecode(_DefenseAware):
     """GLA on pooled iterations, then Carlini et al.'s decoding of MixUp/InstaHide (oracle mapping)."""
 
-    version = "1"
+    version = "2"
     paper = Paper(
         "carlini2020instahide",
         "An Attack on InstaHide: Is Private Learning Possible with Instance Encoding?",
