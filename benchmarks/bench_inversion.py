@@ -3,7 +3,9 @@
 For dlg (per-candidate L-BFGS, L2 cost) and ig (signed Adam, cosine cost) on a LeNet-like and a small
 ConvNet-like model at 1x28x28 (built with `fedbench.models.build_model` when available, else locally),
 it times `reconstruct_batched` with R=1 and R=8 candidates and reports reconstructions x objective
-evaluations per second and the batched/single ratio (> 1 means batching pays per reconstruction).
+evaluations per second and the batched/single ratio (> 1 means batching pays per reconstruction;
+the target is >= 3x on LeNet, the DLG papers' model), with the peak memory of each (see _common).
+On a machine with a GPU it runs there (`--device auto`).
 
     python benchmarks/bench_inversion.py --quick --out bench_inversion.json
 """
@@ -11,12 +13,11 @@ evaluations per second and the batched/single ratio (> 1 means batching pays per
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 
 import torch
 import torch.nn.functional as F
+from _common import check, environment, peak_memory_mb, pick_device, sync, write_json
 from torch import nn
 
 from fedbench.api import DatasetMeta
@@ -72,41 +73,53 @@ def build(name: str) -> tuple[nn.Module, str]:
         return local_model(name), f"local {name} ({type(exc).__name__})"
 
 
-def problem(name: str, cost: str) -> tuple[inv.GradientMatcher, torch.Tensor, str]:
+def problem(name: str, cost: str, device: str) -> tuple[inv.GradientMatcher, torch.Tensor, str]:
     model, source = build(name)
     model.eval()
     g = torch.Generator().manual_seed(0)
     x = torch.randn((1, 1, 28, 28), generator=g)
     y = torch.tensor([3])
     grads = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
-    target = {n: gi.detach() for (n, _), gi in zip(model.named_parameters(), grads, strict=True)}
-    model = inv.prepare_model(model, model.state_dict(), "eval", torch.device("cpu"))
-    return inv.GradientMatcher(model, target, cost=cost), y, source
+    target = {n: gi.detach().to(device) for (n, _), gi in zip(model.named_parameters(), grads, strict=True)}
+    model = inv.prepare_model(model, model.state_dict(), "eval", torch.device(device))
+    return inv.GradientMatcher(model, target, cost=cost), y.to(device), source
 
 
-def time_run(attack: str, matcher: inv.GradientMatcher, y: torch.Tensor, R: int, iterations: int) -> dict:
-    x0 = torch.randn((R, 1, 1, 28, 28), generator=torch.Generator().manual_seed(1))
+def time_run(
+    attack: str, matcher: inv.GradientMatcher, y: torch.Tensor, R: int, iterations: int, device: str
+) -> dict:
+    dev = torch.device(device)
+    x0 = torch.randn((R, 1, 1, 28, 28), generator=torch.Generator().manual_seed(1)).to(dev)
     if attack == "ig":
         kw = dict(
             labels=y,
             optimizer="adam-signed",
             iterations=iterations,
             lr=0.1,
-            box=inv.box_bounds(META, 1, torch.device("cpu")),
+            box=inv.box_bounds(META, 1, dev),
         )
     else:  # dlg: joint labels, L-BFGS; tolerances disabled in effect by the short budget
         kw = dict(
-            label_logits0=torch.randn((R, 1, 10), generator=torch.Generator().manual_seed(2)),
+            label_logits0=torch.randn((R, 1, 10), generator=torch.Generator().manual_seed(2)).to(dev),
             optimizer="lbfgs",
             iterations=iterations,
             lr=1.0,
             lbfgs_max_iter=20,
         )
     inv.reconstruct_batched(matcher, x0, **{**kw, "iterations": 1})  # warm-up
+    sync(device)
     t0 = time.perf_counter()
     rec = inv.reconstruct_batched(matcher, x0, **kw)
+    sync(device)
     dt = time.perf_counter() - t0
-    return {"seconds": dt, "evaluations": rec.evaluations, "rec_evals_per_s": R * rec.evaluations / dt}
+    peak = peak_memory_mb(lambda: inv.reconstruct_batched(matcher, x0, **{**kw, "iterations": 1}), device)
+    return {
+        "seconds": dt,
+        "evaluations": rec.evaluations,
+        "iterations_per_s": rec.iterations / dt,
+        "rec_evals_per_s": R * rec.evaluations / dt,
+        "peak_mb": peak,
+    }
 
 
 def main() -> None:
@@ -114,45 +127,57 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="few iterations (smoke run)")
     ap.add_argument("--R", type=int, default=8, help="batched reconstructions")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="auto", help="auto (cuda when visible), cpu or cuda")
     ap.add_argument("--out", default=None, help="write JSON results here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
     its = {"ig": 10 if args.quick else 60, "dlg": 1 if args.quick else 3}
     rows = []
     for model in ("lenet", "convnet"):
         for attack in ("dlg", "ig"):
-            matcher, y, source = problem(model, "cosine" if attack == "ig" else "l2")
-            single = time_run(attack, matcher, y, 1, its[attack])
-            batched = time_run(attack, matcher, y, args.R, its[attack])
+            matcher, y, source = problem(model, "cosine" if attack == "ig" else "l2", device)
+            single = time_run(attack, matcher, y, 1, its[attack], device)
+            batched = time_run(attack, matcher, y, args.R, its[attack], device)
             rows.append(
                 {
                     "model": model,
                     "model_source": source,
                     "attack": attack,
                     "R": args.R,
+                    "single_iterations_per_s": single["iterations_per_s"],
                     "single_rec_evals_per_s": single["rec_evals_per_s"],
                     "batched_rec_evals_per_s": batched["rec_evals_per_s"],
                     "ratio": batched["rec_evals_per_s"] / single["rec_evals_per_s"],
                     "single_evaluations": single["evaluations"],
                     "batched_evaluations": batched["evaluations"],
+                    "single_peak_mb": single["peak_mb"],
+                    "batched_peak_mb": batched["peak_mb"],
                 }
             )
-    print(f"| model | attack | single rec*evals/s | R={args.R} batched rec*evals/s | ratio |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| model | attack | single iterations/s | single rec*evals/s | R={args.R} batched rec*evals/s "
+        "| ratio | peak MB single / batched |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['model']} | {r['attack']} | {r['single_rec_evals_per_s']:.1f} | "
-            f"{r['batched_rec_evals_per_s']:.1f} | {r['ratio']:.2f}x |"
+            f"| {r['model']} | {r['attack']} | {r['single_iterations_per_s']:.2f} | "
+            f"{r['single_rec_evals_per_s']:.1f} | {r['batched_rec_evals_per_s']:.1f} | {r['ratio']:.2f}x | "
+            f"{r['single_peak_mb']:.0f} / {r['batched_peak_mb']:.0f} |"
         )
-    if args.out:
-        env = {
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "machine": platform.machine(),
-            "quick": args.quick,
-        }
-        with open(args.out, "w") as fh:
-            json.dump({"rows": rows, "env": env}, fh, indent=2)
+    checks = [
+        check(
+            f"batched {r['attack']} on {r['model']}: reconstructions/s vs one at a time",
+            r["ratio"],
+            ">= 3x",
+            r["ratio"] >= 3,
+        )
+        for r in rows
+        if r["model"] == "lenet"
+    ]
+    env = {**environment(device, args.quick, args.threads), "iterations": its}
+    write_json(args.out, {"rows": rows, "checks": checks, "env": env})
 
 
 if __name__ == "__main__":

@@ -10,33 +10,20 @@ weights and batch:
 and a full local step (gradient + SGD update) without a defense vs with `fed-cdp` (per-example
 gradients, per-layer clipping, noise). All per-example methods are checked to agree (1e-5).
 
+Each method's peak memory (one call, see _common) is reported beside its time, and the summary checks
+that fedbench's per-example gradients are not slower than Opacus's default GradSampleModule (hooks).
+
     python benchmarks/bench_per_example.py --out benchmarks/results/per_example.json [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import time
+
+from _common import check, environment, peak_memory_mb, pick_device, timeit_interleaved, write_json
 
 
-def timeit_interleaved(fns: list, repeats: int, warmup: int = 2) -> list[float]:
-    """Fastest of `repeats` calls of each function (seconds), the functions called round-robin so
-    that load from other processes on a shared CPU falls on all of them alike."""
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
-
-
-def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict]:
+def bench_model(name: str, model_factory, batch: int, repeats: int, device: str = "cpu") -> list[dict]:
     import copy
 
     import torch
@@ -49,9 +36,9 @@ def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict
     from fedbench.fl.per_example import per_example_grads
 
     torch.manual_seed(0)
-    model = model_factory()
-    x = torch.randn(batch, 1, 28, 28)
-    y = torch.randint(0, 10, (batch,))
+    model = model_factory().to(device)
+    x = torch.randn(batch, 1, 28, 28).to(device)
+    y = torch.randint(0, 10, (batch,)).to(device)
     loss_fn = loss_function("ce")
     params = [p for p in model.parameters()]
     names = [n for n, _ in model.named_parameters()]
@@ -120,10 +107,20 @@ def bench_model(name: str, model_factory, batch: int, repeats: int) -> list[dict
                 p.sub_(g[n], alpha=0.0)
 
     methods += [("local step, non-private", step_plain), ("local step, fed-cdp", step_cdp)]
-    times = timeit_interleaved([fn for _, fn in methods], repeats)
+    times = timeit_interleaved([fn for _, fn in methods], repeats, device=device)
     base = times[0]
-    for (label, _), t in zip(methods, times, strict=True):
-        rows.append({"model": name, "batch": batch, "method": label, "ms": t * 1e3, "ratio": t / base})
+    for (label, fn), t in zip(methods, times, strict=True):
+        peak = peak_memory_mb(fn, device)
+        rows.append(
+            {
+                "model": name,
+                "batch": batch,
+                "method": label,
+                "ms": t * 1e3,
+                "ratio": t / base,
+                "peak_mb": peak,
+            }
+        )
     return rows
 
 
@@ -132,6 +129,7 @@ def main() -> dict:
     ap.add_argument("--out", default=None, help="write JSON results here")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)")
+    ap.add_argument("--device", default="auto", help="auto (cuda when visible), cpu or cuda")
     args = ap.parse_args()
     import torch
 
@@ -140,31 +138,45 @@ def main() -> dict:
 
     torch.set_num_threads(args.threads)
     fast_float_mode()
+    device = pick_device(args.device)
     models = {
         "mlp 784-256-256-10": lambda: build_model("mlp", {"hidden": [256, 256]}, (1, 28, 28), 10),
         "cdp-cnn (Fed-CDP CNN)": lambda: build_model("cdp-cnn", {}, (1, 28, 28), 10),
+        "lenet (DLG LeNet)": lambda: build_model("lenet", {}, (1, 28, 28), 10),
     }
     batches = [5, 64] if args.quick else [5, 32, 128]
     repeats = 5 if args.quick else 15
     rows = []
     for name, factory in models.items():
         for batch in batches:
-            rows.extend(bench_model(name, factory, batch, repeats))
-    print("| model | B | method | ms | x batch gradient |\n|---|---|---|---|---|")
+            rows.extend(bench_model(name, factory, batch, repeats, device))
+    print("| model | B | method | ms | x batch gradient | peak MB |\n|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r['batch']} | {r['method']} | n/a: {r['error'][:60]} | |")
+            print(f"| {r['model']} | {r['batch']} | {r['method']} | n/a: {r['error'][:60]} | | |")
         else:
-            print(f"| {r['model']} | {r['batch']} | {r['method']} | {r['ms']:.2f} | {r['ratio']:.2f} |")
-    result = {
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
-        "rows": rows,
-    }
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=2)
+            print(
+                f"| {r['model']} | {r['batch']} | {r['method']} | {r['ms']:.2f} | {r['ratio']:.2f} "
+                f"| {r['peak_mb']:.1f} |"
+            )
+    checks = []
+    timed = {(r["model"], r["batch"], r["method"]): r for r in rows if "ms" in r}
+    for name in models:
+        for batch in batches:
+            ours = timed[(name, batch, "fedbench torch.func")]
+            hooks = timed.get((name, batch, "opacus hooks (GradSampleModule)"))
+            if hooks:
+                ratio = hooks["ms"] / ours["ms"]
+                checks.append(
+                    check(
+                        f"per-example grads {name} B={batch}: Opacus hooks time / fedbench",
+                        ratio,
+                        ">= 1",
+                        ratio >= 1,
+                    )
+                )
+    result = {"rows": rows, "checks": checks, "env": environment(device, args.quick, args.threads)}
+    write_json(args.out, result)
     return result
 
 

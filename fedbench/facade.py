@@ -140,8 +140,15 @@ def run(
     use_cache: bool = True,
     timeout: float | None = None,
     fail_fast: bool = False,
+    backend: str = "local",
+    address: str | None = None,
+    gpus: tuple[int, ...] = (),
 ):
-    """Run a preset (name or path) and return one row per run as a pandas DataFrame."""
+    """Run a preset (name or path) and return one row per run as a pandas DataFrame.
+
+    `backend="ray"` runs the grid as Ray tasks (on the cluster at `address`, else a local one);
+    `gpus=(0, 1)` runs one worker per GPU (see `fedbench.backends`).
+    """
     import pandas as pd
 
     def tup(v):
@@ -149,7 +156,14 @@ def run(
 
     overrides = Overrides(tup(datasets), tup(models), tup(defenses), tup(attacks), tuple(sets), seeds)
     grid = build_grid(preset, overrides)
-    ctx = RunContext(device=check_device(device), data_root=data_root, timeout=timeout)
+    ctx = RunContext(
+        device=check_device(device),
+        data_root=data_root,
+        timeout=timeout,
+        backend=backend,
+        address=address,
+        gpus=tuple(gpus),
+    )
     cache = RunCache((cache_dir or default_cache_dir()) if use_cache else None)
     rows, _ = execute_grid(grid, ctx, cache, out_dir, n_jobs=n_jobs, fail_fast=fail_fast)
     return pd.DataFrame(rows)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from fedbench import __version__
+from fedbench import __version__, backends
 from fedbench.api import Attack
 from fedbench.cache import RunCache
 from fedbench.errors import FedbenchError, RunFailure
@@ -51,6 +51,9 @@ class RunContext:
     download: bool = False
     threads: int | None = None
     timeout: float | None = None  # seconds per run (utility + attack); None: no limit
+    backend: str = "local"  # local (this process or loky workers) | ray; see fedbench.backends
+    address: str | None = None  # Ray cluster HOST:PORT; None starts a local one
+    gpus: tuple[int, ...] = ()  # --gpus: one worker per listed GPU
 
 
 @dataclass(frozen=True)
@@ -453,6 +456,7 @@ def run_grid(
     is reported at once. `fail_fast` stops at the first failed or timed-out run (the rows so far
     come back). Ctrl-C raises `GridInterrupted` carrying the finished rows.
     """
+    ctx, n_jobs = backends.plan(ctx, n_jobs)
     preflight(specs, ctx)
     check_timeout(ctx.timeout, n_jobs)
     groups: dict[str, list[int]] = {}
@@ -471,7 +475,9 @@ def run_grid(
         return fail_fast and row["status"] in STOP_STATUSES
 
     try:
-        if n_jobs == 1 or len(specs) == 1:
+        if ctx.backend == "ray":
+            backends.run_ray(specs, list(groups.values()), cache, ctx, n_jobs, finish)
+        elif n_jobs == 1 or len(specs) == 1:
             if ctx.threads:
                 import torch
 
@@ -507,6 +513,7 @@ def _worker_run(
 ) -> dict[str, Any]:
     """Worker entry point: one run. Ctrl-C is the parent's to handle (it stops the workers)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx = backends.worker_context(ctx)  # its own GPU under --gpus
     if plugins:
         from fedbench.registry import load_plugin_file
 

@@ -354,7 +354,7 @@ def _adam_signed(
         # no host sync per iteration (on a GPU, one would stall the queue): the finiteness test and
         # the success record stay on the device and are read every FINITE_CHECK_EVERY iterations
         bad_at = torch.where((bad_at < 0) & ~torch.isfinite(obj).all(), it, bad_at)
-        if (it + 1) % FINITE_CHECK_EVERY == 0 and int(bad_at) >= 0:
+        if it % FINITE_CHECK_EVERY == 0 and int(bad_at) >= 0:  # from the first iteration on
             raise _fail(name, int(bad_at))
         success = _record_success(success, obj, success_threshold, it)
         if stop_on_success and bool((success >= 0).all()):  # the stopping rule reads it every iteration
@@ -379,7 +379,7 @@ def _adam_signed(
     return Reconstruction(x.detach(), None, final.detach(), it, it + 1, _success_list(success), [False] * R)
 
 
-#: The signed-Adam loop reads its on-device finiteness flag every this many iterations.
+#: The signed-Adam loop reads its on-device finiteness flag every this many iterations (from the first).
 FINITE_CHECK_EVERY = 25
 
 

@@ -71,6 +71,13 @@ def run_cmd(
         min=1,
         help="torch threads per worker [default: cores / n-jobs]; 1 when sharing the CPU.",
     ),
+    backend: str = typer.Option(
+        "local", "--backend", help="local (this machine) or ray (Ray tasks; needs fedbench[ray])."
+    ),
+    address: str = typer.Option(
+        None, "--address", help="Ray cluster HOST:PORT for --backend ray [default: a local cluster]."
+    ),
+    gpus: str = typer.Option(None, "--gpus", help="GPU indices, one worker each, e.g. 0,1."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Expand and check the grid, run nothing."),
     preset_dir: list[Path] = typer.Option(None, "--preset-dir", help="Extra folder of presets; repeatable."),
     plugin: list[Path] = typer.Option(None, "--plugin", help=PLUGIN_HELP),
@@ -88,10 +95,16 @@ def run_cmd(
 
       fedbench run my_grid.toml --set scenario.rounds=20 --data-root ~/data
 
+      fedbench run dlg-ig --gpus 0,1
+
+      fedbench run smoke --backend ray --address head:6379 --cache-dir /shared/fedbench-cache
+
     Exit codes: 0 all runs ok or skipped, 1 some run failed or timed out (the results hold every
     finished run), 2 bad input (nothing run, nothing written), 130 interrupted by Ctrl-C or SIGTERM
     (finished runs are cached and written; the same command resumes).
     """
+    from fedbench.backends import parse_gpus
+    from fedbench.backends import plan as plan_placement
     from fedbench.cache import RunCache
     from fedbench.grid import build_grid
     from fedbench.runner import (
@@ -118,7 +131,11 @@ def run_cmd(
         download=download,
         threads=threads,
         timeout=check_timeout(timeout, n_jobs),
+        backend=backend,
+        address=address,
+        gpus=parse_gpus(gpus),
     )
+    ctx, n_jobs = plan_placement(ctx, n_jobs)  # --gpus / --backend checked before any output
     preflight(list(grid.specs), ctx)  # a missing --data-root fails here, before any output
     cache = RunCache(None if no_cache else cache_dir_option(cache_dir), force=force)
     err.print(
