@@ -86,7 +86,13 @@ def problem(name: str, cost: str, device: str) -> tuple[inv.GradientMatcher, tor
 
 
 def time_run(
-    attack: str, matcher: inv.GradientMatcher, y: torch.Tensor, R: int, iterations: int, device: str
+    attack: str,
+    matcher: inv.GradientMatcher,
+    y: torch.Tensor,
+    R: int,
+    iterations: int,
+    device: str,
+    repeats: int = 3,
 ) -> dict:
     dev = torch.device(device)
     x0 = torch.randn((R, 1, 1, 28, 28), generator=torch.Generator().manual_seed(1)).to(dev)
@@ -107,11 +113,13 @@ def time_run(
             lbfgs_max_iter=20,
         )
     inv.reconstruct_batched(matcher, x0, **{**kw, "iterations": 1})  # warm-up
-    sync(device)
-    t0 = time.perf_counter()
-    rec = inv.reconstruct_batched(matcher, x0, **kw)
-    sync(device)
-    dt = time.perf_counter() - t0
+    dt = float("inf")
+    for _ in range(repeats):  # best of: load from other processes only ever slows a run down
+        sync(device)
+        t0 = time.perf_counter()
+        rec = inv.reconstruct_batched(matcher, x0, **kw)
+        sync(device)
+        dt = min(dt, time.perf_counter() - t0)
     peak = peak_memory_mb(lambda: inv.reconstruct_batched(matcher, x0, **{**kw, "iterations": 1}), device)
     return {
         "seconds": dt,
@@ -139,6 +147,9 @@ def main() -> None:
             matcher, y, source = problem(model, "cosine" if attack == "ig" else "l2", device)
             single = time_run(attack, matcher, y, 1, its[attack], device)
             batched = time_run(attack, matcher, y, args.R, its[attack], device)
+            single2 = time_run(attack, matcher, y, 1, its[attack], device)  # bracket the batched timing
+            if single2["rec_evals_per_s"] > single["rec_evals_per_s"]:
+                single = single2
             rows.append(
                 {
                     "model": model,
