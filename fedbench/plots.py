@@ -8,6 +8,7 @@ so tests can check its axes labels and legend.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +164,41 @@ class TradeoffPoint:
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
 
 
+def _label_params(label: str) -> dict[str, str] | None:
+    """`name[k=v,...]` -> {k: v} split at top-level commas (values may hold lists); None if not one."""
+    if not label.endswith("]") or "[" not in label:
+        return None
+    body, depth, part, parts = label[label.index("[") + 1 : -1], 0, "", []
+    for ch in body:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(part)
+            part = ""
+        else:
+            part += ch
+    parts.append(part)
+    pairs = [x.split("=", 1) for x in parts if x]
+    return {k: v for k, v in pairs} if all(len(kv) == 2 for kv in pairs) else None
+
+
+def _point_labels(points: Sequence[TradeoffPoint]) -> list[str]:
+    """Annotations of one family's points: only the parameters that vary within the family (the
+    family is in the legend), so a sweep reads `eps=0.001` rather than its full configuration."""
+    parsed = []
+    for p in points:
+        head, _, rest = p.label.rpartition(" ")  # "<other row keys> <defense label>"
+        parsed.append((head, _label_params(rest)))
+    if len(parsed) < 2 or any(params is None for _h, params in parsed):
+        return [p.label for p in points]
+    keys = sorted({k for _h, params in parsed for k in params})
+    varying = [k for k in keys if len({params.get(k) for _h, params in parsed}) > 1]
+    out = []
+    for head, params in parsed:
+        body = ",".join(f"{k}={params[k]}" for k in varying if k in params)
+        out.append(" ".join(x for x in (head, body) if x) or "-")
+    return out
+
+
 def tradeoff_figure(
     points: Sequence[TradeoffPoint],
     utility_label: str,
@@ -190,10 +226,8 @@ def tradeoff_figure(
             linestyle="none",
             label=family,
         )
-        for p in pts:
-            ax.annotate(
-                p.label, (p.leakage, p.utility), textcoords="offset points", xytext=(5, 4), fontsize=7
-            )
+        for p, text in zip(pts, _point_labels(pts), strict=True):
+            ax.annotate(text, (p.leakage, p.utility), textcoords="offset points", xytext=(5, 4), fontsize=7)
     front = sorted((p for p in points if p.pareto_rank == 1), key=lambda p: (p.leakage, p.utility))
     if front:
         ax.plot(
@@ -214,7 +248,7 @@ def tradeoff_figure(
             linewidths=1.2,
             zorder=3,
         )
-    ax.set_xlabel(leakage_label)
+    ax.set_xlabel(textwrap.fill(leakage_label, 90), fontsize=9)  # long attack labels must not squash the axes
     ax.set_ylabel(utility_label)
     ax.grid(True, alpha=0.3)
     ax.legend(title="defense", fontsize=8, loc="best")

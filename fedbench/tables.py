@@ -85,7 +85,7 @@ METRICS: dict[str, Metric] = {
     for m in (
         _m("test_acc", "higher", "utility", "pct"),
         _m("acc_drop", "lower", "utility", "pp"),
-        _m("test_loss", "lower", "utility"),
+        _m("test_loss", "lower", "utility", "sig"),
         _m("epsilon", "lower", "guarantee"),
         _m("psnr", "lower", "leakage", per_attack=True),
         _m("psnr_worst", "lower", "leakage", per_attack=True),
@@ -718,9 +718,13 @@ def _family(label: str) -> str:
 
 
 def match_view(p: Pivot, text: str) -> Pivot:
-    """Matched utility (the RecUP-FL fairness protocol): per defense family, the configuration whose
-    `metric` is closest to the target (`test_loss=0.53`, display units; `test_loss=0.53~0.02` also
-    drops families with no configuration within the tolerance), sorted by headline leakage."""
+    """Matched utility (the RecUP-FL fairness protocol), one configuration per defense family.
+
+    `test_loss=0.53` (display units) keeps, per family, the configuration whose metric is closest to
+    the target; `test_loss=0.53~0.02` keeps, among the family's configurations within the tolerance,
+    the least leaky one (equal utility, so the fair comparison is the best privacy each family reaches
+    there), and drops families with none within it. Rows are sorted by headline leakage.
+    """
     m = re.match(
         r"^\s*([A-Za-z_]\w*)\s*=\s*(-?[\d.]+(?:e-?\d+)?)\s*(?:~\s*([\d.]+(?:e-?\d+)?))?\s*$", text or ""
     )
@@ -729,9 +733,16 @@ def match_view(p: Pivot, text: str) -> Pivot:
     name, target, tol = m.group(1), float(m.group(2)), m.group(3)
     scale = metric(name).scale
     if name not in {c.key for c in p.columns}:
-        raise FedbenchError(f"--match {text}: '{name}' is not a column of this table")
+        raise FedbenchError(
+            f"--match {text}: '{name}' is not a column of this table; add it with --metric {name}"
+        )
     if "defense" not in p.row_keys:
         raise FedbenchError("--match needs the defense among the row columns (--rows defense,...)")
+    lc = headline_column(p)
+
+    def leak(i: int) -> float:
+        return _num(p.cell(i, lc.key).value) * lc.metric.leakage_sign if lc is not None else 0.0
+
     di = p.row_keys.index("defense")
     others = [j for j in range(len(p.row_keys)) if j != di]
     best: dict[tuple, tuple[float, int]] = {}
@@ -742,16 +753,15 @@ def match_view(p: Pivot, text: str) -> Pivot:
         gap = abs(value * scale - target)
         if tol is not None and gap > float(tol):
             continue
+        score = leak(i) if tol is not None else gap
         group = (_family(key[di]), *(key[j] for j in others))
-        if group not in best or gap < best[group][0]:
-            best[group] = (gap, i)
+        if group not in best or score < best[group][0]:
+            best[group] = (score, i)
     if not best:
         raise FedbenchError(f"--match {text}: no configuration has a {name} within the tolerance")
-    keep = [i for _gap, i in best.values()]
-    lc = headline_column(p)
-    if lc is not None:
-        keep.sort(key=lambda i: _num(p.cell(i, lc.key).value) * lc.metric.leakage_sign)
-    return select_rows(p, keep, f"closest to {name} = {target:g} per defense family (matched utility)")
+    keep = sorted((i for _score, i in best.values()), key=leak)
+    how = f"within ±{float(tol):g}, least leaky" if tol is not None else "closest"
+    return select_rows(p, keep, f"{name} = {target:g} per defense family ({how}; matched utility)")
 
 
 def _num(v: float | None, missing: float = math.inf) -> float:

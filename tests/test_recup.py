@@ -200,6 +200,9 @@ def test_match_view_picks_per_family_the_setting_closest_to_the_target_loss():
         "recup-fl[eps=0.01]",
         "dp-gaussian[sigma=0.1]",
     ]
+    # within a tolerance, each family's least leaky setting (equal utility): none joins at 0.035
+    picked = [k[0] for k, _ in match_view(p, "test_loss=0.53~0.035").rows]
+    assert picked == ["recup-fl[eps=0.01]", "dp-gaussian[sigma=0.1]", "none"]
     with pytest.raises(FedbenchError, match="--match"):
         match_view(p, "test_loss<0.5")
     with pytest.raises(FedbenchError, match="not a column"):

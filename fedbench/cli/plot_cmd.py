@@ -46,11 +46,12 @@ def tradeoff_cmd(
     from fedbench.tables import load_results, pivot
 
     rs = load_results(results or [], keep=keep, default_dir=output)
-    p = pivot(rs, metrics=[metric] if metric else None, where=where or ())
     if utility not in ("test_acc", "test_loss"):
         from fedbench.errors import FedbenchError
 
         raise FedbenchError(f"--utility {utility}: use test_acc or test_loss")
+    metrics = [m for m in (metric, utility if utility != "test_acc" else None) if m]
+    p = pivot(rs, metrics=metrics or None, where=where or ())
     points, ulabel, llabel = tradeoff_points(p, metric, utility=utility)
     path = out_path or rs.paths[-1].with_name(rs.paths[-1].stem + "-tradeoff.png")
     title = str((rs.sidecars[-1] or {}).get("description") or rs.paths[-1].stem)
