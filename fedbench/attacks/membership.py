@@ -111,20 +111,35 @@ class MIADirect(_MembershipAttack):
     def score(self, split, unused, target, observation, meta, generator, device, rng) -> AttackOutput:
         from fedbench.attacks import _membership_core as core
 
-        p = self.params
-        net = core.train_membership_net(
-            core.probabilities(target, split.x_in, device),
-            split.y_in,
-            core.probabilities(target, split.x_out, device),
-            split.y_out,
-            meta.num_classes,
-            p.arch,
-            p.epochs,
-            p.attack_lr,
-            p.attack_batch,
-            generator,
+        probs_in = core.probabilities(target, split.x_in, device)
+        probs_out = core.probabilities(target, split.x_out, device)
+        return _fit_and_score(
+            self.params, probs_in, split.y_in, probs_out, split.y_out, target, split, meta, generator, device
         )
-        return core.net_output(net, core.probabilities(target, split.x_eval, device), split.y_eval)
+
+
+def _fit_and_score(
+    p, probs_in, y_in, probs_out, y_out, target, split, meta, generator, device
+) -> AttackOutput:
+    """Train the attack network on (prediction vector, label) -> in/out pairs and score the evaluation set.
+
+    Shared by mia-direct (pairs from the target model) and mia-shadow (pairs from shadow models).
+    """
+    from fedbench.attacks import _membership_core as core
+
+    net = core.train_membership_net(
+        probs_in,
+        y_in,
+        probs_out,
+        y_out,
+        meta.num_classes,
+        p.arch,
+        p.epochs,
+        p.attack_lr,
+        p.attack_batch,
+        generator,
+    )
+    return core.net_output(net, core.probabilities(target, split.x_eval, device), split.y_eval)
 
 
 @register_attack("mia-shadow", "shokri")
@@ -174,19 +189,7 @@ class MIAShadow(_MembershipAttack):
             parts[2].append(core.probabilities(shadow, x_out, device))
             parts[3].append(y_out)
         probs_in, y_in, probs_out, y_out = (torch.cat(t) for t in parts)
-        net = core.train_membership_net(
-            probs_in,
-            y_in,
-            probs_out,
-            y_out,
-            meta.num_classes,
-            p.arch,
-            p.epochs,
-            p.attack_lr,
-            p.attack_batch,
-            generator,
-        )
-        return core.net_output(net, core.probabilities(target, split.x_eval, device), split.y_eval)
+        return _fit_and_score(p, probs_in, y_in, probs_out, y_out, target, split, meta, generator, device)
 
 
 @register_attack("mia-loss", "loss-threshold")
