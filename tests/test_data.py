@@ -77,6 +77,29 @@ def test_split_is_fixed_and_stratified(name):
     assert abs(len(c.y_test) - len(c.y_train)) <= 1
 
 
+@pytest.mark.parametrize("name", ["mnist5k", "lfw-subset"])
+def test_prefix_of_a_class_sorted_source_samples_every_class(name):
+    """mnist5k and lfw-subset are stored sorted by class; a train_size/test_size prefix must not be."""
+    b = load_dataset(name)
+    k = b.meta.num_classes
+    for y, n in ((b.y_train, 20 * k), (b.y_test, 10 * k)):
+        counts = torch.bincount(y[:n], minlength=k).double()
+        assert (counts > 0).all()
+        assert counts.max() / counts.mean() < 2.0  # near the class frequencies, not one class first
+        assert (y[1:] != y[:-1]).float().mean() > 0.3  # the order is mixed, not blocks
+
+
+def test_fixed_split_shuffle_keeps_the_split_and_changes_only_the_order():
+    from fedbench.data.shipped import fixed_split
+
+    y = np.repeat(np.arange(4), 25)
+    tr, te = fixed_split(y, 0.2)
+    str_, ste = fixed_split(y, 0.2, shuffle=True)
+    assert np.array_equal(np.sort(str_), tr) and np.array_equal(np.sort(ste), te)
+    assert not np.array_equal(str_, tr)
+    assert np.array_equal(fixed_split(y, 0.2, shuffle=True)[0], str_)  # fixed, not per call
+
+
 def test_breast_cancer_standardised_with_train_stats():
     b = load_dataset("breast-cancer")
     assert b.x_train.mean(0).abs().max() < 1e-4

