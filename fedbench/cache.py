@@ -11,8 +11,9 @@ numpy arrays, never torch objects.
 Integrity: entries are written zlib-compressed, so a flipped or missing byte fails the checksum
 when read; joblib writes each file to a temporary name and renames it, so a concurrent process or
 an interruption never leaves a half-written entry under its final name. An entry that fails to load
-is recomputed and overwritten, and the run's row carries one warning naming it. The cache holds
-pickles: loading one from someone else's cache runs their code, hence the private directory.
+is recomputed and overwritten (run entries and `artifact` entries alike), and the run's row carries
+one warning naming it. The cache holds pickles: loading one from someone else's cache runs their
+code, hence the private directory.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _artifact_entry(kind: str, key: str, compute: Callable[[], Any]) -> Any:
 
 # Where derived artifacts are cached: the location of the RunCache most recently opened in this process
 # (the runner opens one per grid and per worker), so artifacts live and are cleared with the runs.
-_artifacts: dict[str, Any] = {"location": None, "func": None}
+_artifacts: dict[str, Any] = {"location": None, "func": None, "warnings": []}
 _artifact_lock = threading.Lock()
 
 
@@ -55,26 +56,63 @@ def artifact(kind: str, key: str, compute: Callable[[], Any]) -> Any:
     Examples: SDAN-trained malicious parameters, a LODA feature extractor, an obscured dataset. `kind`
     names the artifact family, `key` is a canonical JSON string of everything the value depends on;
     `compute()` is called only on a miss and must return a picklable value (tensors, arrays). Without
-    an open on-disk RunCache (`--no-cache`, or library use) the value is computed each call.
+    an open on-disk RunCache (`--no-cache`, or library use) the value is computed each call. A damaged
+    entry is recomputed like a damaged run entry, with one warning in the current run's row.
     """
     with _artifact_lock:
-        func = _artifacts["func"]
+        func, warnings = _artifacts["func"], _artifacts["warnings"]
     if func is None:
         return compute()
-    return func(kind, key, compute)
+    return _load_or_compute(func, (kind, key, compute), f"{kind} artifact", key, warnings)[0]
 
 
-def _open_artifacts(memory: Any, location: Path) -> None:
+def _open_artifacts(memory: Any, location: Path, warnings: list[str]) -> None:
     with _artifact_lock:
         if _artifacts["location"] != location:
             _artifacts["location"] = location
             _artifacts["func"] = memory.cache(_artifact_entry, ignore=["compute"])
+        _artifacts["warnings"] = warnings
 
 
 def _close_artifacts(location: Path | None) -> None:
     with _artifact_lock:
         if location is None or _artifacts["location"] == location:
             _artifacts["location"] = _artifacts["func"] = None
+            _artifacts["warnings"] = []
+
+
+def _load_or_compute(
+    func: Any,
+    args: tuple,
+    what: str,
+    key: str,
+    warnings: list[str],
+    validate: Callable[[Any], None] | None = None,
+) -> tuple[Any, bool]:
+    """(value, came_from_cache) of a joblib-memoised call; a damaged entry is dropped and recomputed.
+
+    joblib alone would also recompute, but with its own multi-line warning and traceback; here the
+    caller gets one line in `warnings` naming the entry.
+    """
+    if not func.check_call_in_cache(*args):
+        return func(*args), False
+    shelved = func.call_and_shelve(*args)
+    try:
+        value = shelved.get()
+        if validate is not None:
+            validate(value)
+        return value, True
+    except Exception as exc:  # truncated or corrupted: drop it, recompute, store the new value
+        detail = str(exc).splitlines()[0][:120] if str(exc) else "unreadable"
+        name = type(exc).__name__
+        warnings.append(f"corrupted {what} cache entry {_run_id(key)} ({name}: {detail}); recomputed")
+        shelved.clear()  # a recomputation that fails must not leave the damaged entry behind
+        return func.call(*args)[0], False
+
+
+def _check_run_result(value: Any) -> None:
+    if not isinstance(value, dict) or "seconds" not in value:
+        raise ValueError(f"holds a {type(value).__name__}, not a run result")
 
 
 class CacheWarning(UserWarning):
@@ -114,7 +152,7 @@ class RunCache:
             self._memory = Memory(str(self.location), verbose=0, compress=_COMPRESS)
             self._utility = self._memory.cache(_utility_entry, ignore=["job"])
             self._attack = self._memory.cache(_attack_entry, ignore=["job"])
-            _open_artifacts(self._memory, self.location)
+            _open_artifacts(self._memory, self.location, self._warnings)
         else:
             _close_artifacts(None)
 
@@ -127,26 +165,13 @@ class RunCache:
             return plain(key, job), False
         if self.force:
             return func.call(key, job)[0], False
-        if func.check_call_in_cache(key, job):
-            shelved = func.call_and_shelve(key, job)
-            try:
-                value = shelved.get()
-                if not isinstance(value, dict) or "seconds" not in value:
-                    raise ValueError(f"holds a {type(value).__name__}, not a run result")
-                return value, True
-            except Exception as exc:  # truncated or corrupted: drop it, recompute, store the new value
-                what = func.func.__name__.strip("_").replace("_entry", "")
-                self._warnings.append(
-                    f"corrupted {what} cache entry {_run_id(key)} ({type(exc).__name__}: "
-                    f"{str(exc).splitlines()[0][:120] if str(exc) else 'unreadable'}); recomputed"
-                )
-                shelved.clear()  # a recomputation that fails must not leave the damaged entry behind
-                return func.call(key, job)[0], False
-        return func(key, job), False
+        what = func.func.__name__.strip("_").replace("_entry", "")
+        return _load_or_compute(func, (key, job), what, key, self._warnings, _check_run_result)
 
     def take_warnings(self) -> list[str]:
         """Warnings (corrupted entries recomputed) since the last call; each is reported once."""
-        out, self._warnings = self._warnings, []
+        out = list(self._warnings)
+        self._warnings.clear()  # in place: the artifact cache appends to this same list
         return out
 
     def utility(self, key: str, job: Any) -> tuple[dict, bool]:
