@@ -128,25 +128,27 @@ def decode(
     """
     images = sorted(set(components.flatten().tolist()))
     where = {img: j for j, img in enumerate(images)}
-    local = torch.as_tensor([[where[int(c)] for c in row] for row in components.tolist()])
+    device = encodings.device
+    local = torch.as_tensor([[where[int(c)] for c in row] for row in components.tolist()], device=device)
     shape = (len(images),) + tuple(encodings.shape[1:])
-    pixels = torch.full(shape, 0.5, requires_grad=True)
+    pixels = torch.full(shape, 0.5, device=device, requires_grad=True)
     opt = torch.optim.Adam([pixels], lr=lr)
-    coef = coefficients.to(torch.float32).view(*coefficients.shape, *([1] * (encodings.dim() - 1)))
+    coef = coefficients.to(device, torch.float32).view(*coefficients.shape, *([1] * (encodings.dim() - 1)))
     target = encodings.abs() if signed else encodings
-    history = []
+    history = []  # loss tensors, read back once at the end: no host sync per step on a GPU
     for _ in range(steps):
         mixed = (from_pixels(pixels, meta)[local] * coef).sum(1)
         if signed:
             mixed = mixed.abs()
         loss = F.mse_loss(mixed, target) + reg * (1 - (2 * pixels - 1).abs()).mean()
-        history.append(float(loss.detach()))
+        history.append(loss.detach())
         opt.zero_grad()
         loss.backward()
         opt.step()
         with torch.no_grad():
             pixels.clamp_(0, 1)
-    return {img: pixels[j].detach() for img, j in where.items()}, history
+    losses = torch.stack(history).tolist() if history else []
+    return {img: pixels[j].detach() for img, j in where.items()}, losses
 
 
 def run_mixup_decode(

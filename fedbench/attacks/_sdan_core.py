@@ -88,7 +88,7 @@ def train_sdan(
     bias = torch.zeros(width, requires_grad=True)
     batch = max(1, min(p.train_batch, m))
     iterations = max(1, m // batch)
-    losses: list[float] = []
+    losses: list[Any] = []  # per-epoch mean loss tensors, read back once at the end
     for epoch in range(p.epochs):
         lr = p.lr * (0.1 if p.decay_epoch and epoch >= p.decay_epoch else 1.0)
         counts = torch.zeros(width)
@@ -114,9 +114,9 @@ def train_sdan(
             with torch.no_grad():
                 weight -= lr * gw
                 bias -= lr * gb
-            total += float(loss.detach())
+            total = total + loss.detach()
         losses.append(total / iterations)
-    return SDANResult(weight.detach().clone(), bias.detach().clone(), tuple(losses))
+    return SDANResult(weight.detach().clone(), bias.detach().clone(), tuple(float(v) for v in losses))
 
 
 def aux_inputs(dataset: str, aux: int, seed: int, pixel_space: bool) -> tuple[torch.Tensor, Any]:
