@@ -50,6 +50,9 @@ class Plugin:
     version: ClassVar[str] = "1"
     paper: ClassVar[Paper | None] = None
     Params: ClassVar[type] = NoParams
+    # params added after results were cached: left out of the cache key while at their default, so a
+    # new option with the old behaviour as default keeps every earlier run_id (spec.ComponentSpec.key)
+    key_optional: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: Any = None):
         if params is None or isinstance(params, dict):

@@ -49,7 +49,13 @@ class ComponentSpec:
         return f"{self.name}[{','.join(f'{k}={_fmt(_thaw(v))}' for k, v in shown)}]"
 
     def key(self) -> dict[str, Any]:
-        return {"name": self.name, "params": self.params_dict, "version": self.version}
+        """The plugin's part of the cache key: params in full, except a `key_optional` one at its default."""
+        plugin = registry_for(self.kind).get(self.name)
+        params = self.params_dict
+        if plugin.key_optional:
+            defaults = params_to_dict(plugin.make_params({}))
+            params = {k: v for k, v in params.items() if k not in plugin.key_optional or v != defaults[k]}
+        return {"name": self.name, "params": params, "version": self.version}
 
     def instantiate(self) -> Any:
         plugin = registry_for(self.kind).get(self.name)

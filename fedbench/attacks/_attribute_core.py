@@ -19,6 +19,8 @@ thing, a client update mapped to a feature vector, and must agree on that map ex
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,14 +120,21 @@ class FeatureMap(nn.Module):
     def fit(self, flat: torch.Tensor) -> FeatureMap:
         """Set the standardisation from a training pool of flat updates; returns self."""
         with torch.no_grad():
-            f = self.pooled(flat)
+            return self.fit_pooled(self.pooled(flat))
+
+    def fit_pooled(self, f: torch.Tensor) -> FeatureMap:
+        """Set the standardisation from already max-pooled pool features [N, F]; returns self."""
+        with torch.no_grad():
             self.mean.copy_(f.mean(0))
             std = f.std(0, unbiased=False)
             self.std.copy_(torch.where(std > 1e-12, std, torch.ones_like(std)))
         return self
 
+    def standardise(self, pooled: torch.Tensor) -> torch.Tensor:
+        return (pooled - self.mean) / self.std
+
     def forward(self, flat: torch.Tensor) -> torch.Tensor:
-        return (self.pooled(flat) - self.mean) / self.std
+        return self.standardise(self.pooled(flat))
 
 
 # ------------------------------------------------------------------------------------- pool updates
@@ -158,6 +167,132 @@ def pool_updates(
         out.append(layout.flatten_batch(grads).detach())
     flat = torch.cat(out) if out else torch.zeros(0, layout.dim)
     return -lr * flat if kind == "delta" else flat
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """A content hash of a dict of tensors (a model state: the zoo of a round depends on its weights)."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+# hooks a one-record client's defense acts through in the adversary's replay, and those it cannot replay
+_REPLAYED_HOOKS = ("per_example", "step", "update", "receive")
+_UNREPLAYABLE_HOOKS = ("prepare_data", "loss")
+
+
+def defended_pool_features(
+    defense,
+    data,
+    idx: np.ndarray,
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    layout: UpdateLayout,
+    fmap: FeatureMap,
+    observation,
+    seed: int,
+    chunk: int = 256,
+) -> torch.Tensor:
+    """[N, F] max-pooled features of the pool records' updates AFTER the run's defense (spec ambiguity #4).
+
+    Each pool record is replayed as a one-record client of the observed round: its gradient at the
+    observed global weights goes through the defense's `per_example` and `step` hooks, becomes the
+    shared message (the gradient, or -lr * g for a weight delta: one local step, as `pool_updates`),
+    then through `update` (and `receive` when the attack observes at the server), each call with a
+    HookContext of its own seeded from the attack seed: DP noise is fresh, never the victims'. A
+    defense that binds data (RecUP-FL) is bound, on a copy, to the pool records as one-record
+    clients, so each record protects its own attribute value (and, with per-client `assign`, the
+    pseudo-clients cycle over the groups as the real clients do). Defenses that change the client's
+    data or loss (`prepare_data`, `loss`) cannot be replayed from a gradient: FedbenchError.
+
+    Cached as an artifact (the four adversaries of a grid cell share it): the key holds the defense's
+    name, version and params, the observed weights, the dataset and the pool, the scenario and the seed.
+    """
+    import copy
+    import dataclasses
+
+    from fedbench.api import Defense, HookContext
+    from fedbench.cache import artifact
+    from fedbench.fl.losses import loss_function
+    from fedbench.fl.per_example import per_example_grads
+    from fedbench.fl.seeding import torch_generator
+    from fedbench.params import params_to_dict
+
+    if defense is None:
+        raise FedbenchError(
+            "attribute-inference: train_on=defended needs the run's defense (the runner binds it; "
+            "call bind_defense in library use) or use train_on=clean"
+        )
+    unreplayable = [h for h in _UNREPLAYABLE_HOOKS if defense.implements(h)]
+    if unreplayable:
+        raise FedbenchError(
+            f"attribute-inference: train_on=defended cannot replay defense '{defense.name}' (its "
+            f"{', '.join(unreplayable)} hook changes the client's data or loss, not its update); "
+            "use train_on=clean"
+        )
+    sc, bundle = data.scenario, data.bundle
+    point = observation.point
+    hooks = [h for h in _REPLAYED_HOOKS if defense.implements(h) and (h != "receive" or point == "server")]
+    t_idx = torch.as_tensor(idx)
+    device = next(iter(state.values())).device
+    x, y = bundle.x_train[t_idx].to(device), bundle.y_train[t_idx].to(device)
+    if not hooks:  # the defense acts on none of what the adversary sees: the clean pool
+        flat = pool_updates(model, state, layout, x, y, sc.loss, observation.kind, observation.lr)
+        with torch.no_grad():
+            return fmap.pooled(flat)
+    key = {
+        "defense": [defense.name, type(defense).version, params_to_dict(defense.params)],
+        "state": state_digest(state),
+        "dataset": [bundle.meta.name, state_digest({"x": bundle.x_train, "y": bundle.y_train})],
+        "attributes": state_digest(dict(bundle.attr_train)),
+        "pool": state_digest({"idx": t_idx}),
+        "layers": list(layout.names),
+        "window": fmap.window,
+        "observation": [point, observation.kind, observation.lr, observation.round, observation.model_mode],
+        "scenario": params_to_dict(sc),
+        "seed": seed,
+    }
+
+    def compute() -> torch.Tensor:
+        bound = defense
+        if defense.implements("bind_data"):  # the pool records as one-record clients
+            bound = copy.copy(defense)
+            bound.bind_data(dataclasses.replace(data, client_indices=tuple((int(i),) for i in idx)))
+        model.load_state_dict(state)
+        loss_fn = loss_function(sc.loss)
+        rnd = observation.round
+        out = []
+        for start in range(0, len(idx), chunk):
+            grads = per_example_grads(model, x[start : start + chunk], y[start : start + chunk], loss_fn)
+            for j in range(len(next(iter(grads.values())))):
+                client = start + j
+                xj, yj = x[client : client + 1], y[client : client + 1]
+
+                def ctx(purpose: str, client=client, xj=xj, yj=yj, **extra) -> HookContext:
+                    gen = torch_generator(seed, f"aia-defended-{purpose}", rnd, client, 0)
+                    return HookContext(rnd, client, 0, sc, gen, model, bundle.meta, xj, yj, **extra)
+
+                one = {k: v[j : j + 1] for k, v in grads.items()}
+                if bound.implements("per_example"):
+                    g = bound.per_example(one, ctx("step"))
+                else:
+                    g = Defense.per_example(bound, one, None)
+                if bound.implements("step"):
+                    g = bound.step(g, ctx("step"))
+                shared = (
+                    g if observation.kind == "gradient" else {k: -observation.lr * v for k, v in g.items()}
+                )
+                if "update" in hooks:
+                    shared = bound.update(shared, ctx("update", global_state=state))
+                if "receive" in hooks:
+                    shared = bound.receive(shared, ctx("receive"))
+                out.append(layout.flatten({k: v.detach() for k, v in shared.items()}))
+        with torch.no_grad():
+            return fmap.pooled(torch.stack(out)).cpu()
+
+    return artifact("aia-defended-pool", json.dumps(key, sort_keys=True), compute).to(device)
 
 
 def client_label(values: np.ndarray) -> int:
@@ -308,7 +443,7 @@ def resolve_attribute(meta, name: str, who: str) -> tuple[str | None, str | None
     return name, None
 
 
-def infer(params, observation, model: nn.Module, meta, data, seed: int, device) -> dict:
+def infer(params, observation, model: nn.Module, meta, data, seed: int, device, defense=None) -> dict:
     """Train the adversary on its pool at the observed global weights and predict every victim.
 
     Returns a plain dict for AttackOutput: predictions (one per cohort client, in cohort order) and
@@ -331,10 +466,20 @@ def infer(params, observation, model: nn.Module, meta, data, seed: int, device) 
     a = bundle.attr_train[attr][idx].to(device)
     model = model.to(device)
     model.train(observation.model_mode == "train")
-    flat = pool_updates(model, state, layout, x, y, data.scenario.loss, observation.kind, observation.lr)
-    fmap = FeatureMap(layout, window).to(device).fit(flat)
+    fmap = FeatureMap(layout, window).to(device)
+    if params.train_on == "defended":  # the adaptive adversary (spec ambiguity #4)
+        pooled = defended_pool_features(
+            defense, data, idx.numpy(), model, state, layout, fmap, observation, seed
+        )
+        fmap.fit_pooled(pooled)
+        with torch.no_grad():
+            feats = fmap.standardise(pooled)
+    else:
+        flat = pool_updates(model, state, layout, x, y, data.scenario.loss, observation.kind, observation.lr)
+        fmap.fit(flat)
+        with torch.no_grad():
+            feats = fmap(flat)
     with torch.no_grad():
-        feats = fmap(flat)
         victim_flat = torch.stack(
             [layout.flatten({k: v.to(device) for k, v in o.shared.items()}) for o in victims]
         )
@@ -354,6 +499,7 @@ def infer(params, observation, model: nn.Module, meta, data, seed: int, device) 
             "n_classes": n_classes,
             "pool_size": len(idx),
             "pool_source": params.pool,
+            "train_on": params.train_on,
             "features": fmap.dim,
             "pool_window": window,
             "victims": len(victims),

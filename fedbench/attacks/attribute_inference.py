@@ -15,7 +15,18 @@ attribute is the most common value among its records (the paper's clients hold o
 
 Pool: `pool=disjoint` (default, spec ambiguity #3) takes training records no client holds (at or
 after scenario.train_size); `pool=overlap` is the paper's literal reading (the adversary trains on
-the same D_train as the victims). The adversary is non-adaptive: it trains on clean updates.
+the same D_train as the victims).
+
+Knowledge of the defense (spec ambiguity #4, `train_on`): `clean` (default, the paper's reading) trains
+the adversary on the pool's undefended updates, so any perturbation of the victims (noise or FGSM)
+also moves them off its training distribution; a defense can then drive the ASR far below the
+majority rate, which a defense-aware adversary would exploit. `defended` is the Kerckhoffs-style
+adaptive adversary: it knows the defense and its configuration (not the victims' randomness) and
+passes each pool record's update through the run's defense exactly as a one-record client would
+(`_attribute_core.defended_pool_features`: the defense's per_example/step/update hooks, plus
+`receive` when it observes at the server), with fresh noise for DP and, for RecUP-FL, each pool
+record protecting its own attribute value against the round's zoo. Its feature standardisation and
+training set are those defended pool updates.
 
 Adversary models (spec §3.1): `stru-nn` (the architecture of RecUP-FL's zoo member #0, retrained
 from the attack's seed; `stru_widths` names it when the zoo's widths were changed), `unkwn-nn`
@@ -29,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedbench.api import Attack, AttackOutput, Paper, RunData
+from fedbench.api import Attack, AttackOutput, Defense, Paper, RunData
 from fedbench.params import param
 from fedbench.registry import register_attack
 
@@ -51,6 +62,7 @@ class AttributeInference(Attack):
     observation_point = "update"
     accepted_points = ("update", "server")
     observes_cohort = True
+    key_optional = ("train_on",)  # added later: the default (clean) keeps the earlier run_ids
 
     @dataclass(frozen=True)
     class Params:
@@ -72,10 +84,16 @@ class AttributeInference(Attack):
         stru_widths: tuple[int, ...] = param(
             (), "stru-nn hidden widths; empty = RecUP-FL's default zoo member #0", min=1
         )
+        train_on: Literal["clean", "defended"] = param(
+            "clean",
+            "adversary training updates: clean (paper, non-adaptive) or passed through the run's defense "
+            "as a one-record client would (adaptive, spec ambiguity #4)",
+        )
 
     def __init__(self, params: Any = None):
         super().__init__(params)
         self._data: RunData | None = None
+        self._defense: Defense | None = None
 
     def check_meta(self, meta: Any) -> str | None:
         from fedbench.attacks._attribute_core import resolve_attribute
@@ -85,11 +103,14 @@ class AttributeInference(Attack):
     def bind_data(self, data: RunData) -> None:
         self._data = data
 
+    def bind_defense(self, defense: Defense) -> None:
+        self._defense = defense
+
     def run(self, observation: Any, model: Any, meta: Any, generator: Any, device: Any) -> AttackOutput:
         import torch
 
         from fedbench.attacks._attribute_core import infer
 
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        out = infer(self.params, observation, model, meta, self._data, seed, device)
+        out = infer(self.params, observation, model, meta, self._data, seed, device, self._defense)
         return AttackOutput(predictions=out["predictions"], extra=out["extra"])

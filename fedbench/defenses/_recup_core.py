@@ -15,7 +15,6 @@ CE loss with respect to that update, taken through the max-pool (so only arg-max
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,15 +35,6 @@ from fedbench.fl.seeding import derive_seed
 
 _MEMO: OrderedDict[str, list[nn.Module]] = OrderedDict()
 _MEMO_SIZE = 8
-
-
-def state_digest(state: dict[str, torch.Tensor]) -> str:
-    """A content hash of a model state (the zoo of a round depends on the round's weights)."""
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:32]
 
 
 @dataclass(frozen=True)

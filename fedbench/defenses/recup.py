@@ -156,8 +156,14 @@ class RecUPFL(Defense):
 
         import torch
 
-        from fedbench.attacks._attribute_core import layout_for, pool_indices, pool_updates, pool_window
-        from fedbench.defenses._recup_core import ZooSpec, build_zoo, cached_zoo, state_digest
+        from fedbench.attacks._attribute_core import (
+            layout_for,
+            pool_indices,
+            pool_updates,
+            pool_window,
+            state_digest,
+        )
+        from fedbench.defenses._recup_core import ZooSpec, build_zoo, cached_zoo
 
         p = self.params
         state = ctx.global_state
