@@ -11,7 +11,8 @@ thing, a client update mapped to a feature vector, and must agree on that map ex
   (its gradient is non-zero only at each window's arg-max: the perturbation is sparse, spec §3.1).
 - `pool_updates`: the update each pool record would produce as a one-record client at the current
   global weights (per-example gradients via torch.func; `-lr * g` when clients share weight deltas,
-  exact for one local step).
+  exact for one local step); `defended_pool_features`, the same updates passed through the run's
+  defense as one-record clients (the defense-aware adversary, `train_on=defended`).
 - the adversary models: `stru-nn` / zoo members (`mlp` of given widths), `unkwn-nn`
   (1024-1024-512-128), trained with CE and plain SGD (lr 0.01, 80 epochs, batch 64, spec §3.1), and
   sklearn's RBF `SVC` and 120-tree `RandomForestClassifier`.

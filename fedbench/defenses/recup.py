@@ -24,7 +24,7 @@ e.g. `assign="race|sex"` (even clients race, odd clients sex; the paper's §6.4 
 (default 1/M for M attributes; the paper uses 1 for one attribute, 0.5/0.5 for two).
 
 Timing (Table 1): the per-round client cost is the perturbation; zoo training is a one-off per round
-shared by all clients (and by cached runs), see benchmarks/recup_cost.py.
+shared by all clients (and by cached runs), see benchmarks/bench_recup_cost.py.
 """
 
 from __future__ import annotations
