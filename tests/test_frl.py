@@ -88,6 +88,21 @@ def test_frl_objective_subtracts_lambda_times_the_sa_loss():
     assert any(not torch.equal(v, frl._state.sa.state_dict()[k]) for k, v in sa_before.items())  # A trained
 
 
+def test_frl_mean_term_is_nasrs_bounded_privacy_term():
+    """term=mean: L = L_c + lambda * (mean sigmoid(A) - 1/2), with the SA network after its own step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    x, y = torch.randn(8, 5), torch.arange(8) % 3
+    base = F.cross_entropy(model(x), y)
+    frl = _frl(lam=5.0, term="mean")
+    _bound(frl)
+    loss = frl.loss(model, x, y, base, _ctx(model))
+    with torch.no_grad():
+        a = torch.sigmoid(frl._state.sa(torch.softmax(model(x), dim=1), y)).mean()
+    assert float(loss) == pytest.approx(float(base) + 5.0 * (float(a) - 0.5), rel=1e-5)
+    assert abs(float(loss) - float(base)) <= 2.5  # bounded by lambda / 2, unlike Eq. 5's BCE term
+
+
 def test_frl_run_carves_aux_set_and_federates_the_sa_network():
     from fedbench.data import load_dataset
     from fedbench.fl.simulation import Simulation

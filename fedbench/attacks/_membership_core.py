@@ -7,8 +7,9 @@ One evaluation design for every membership attack, so their rows compare:
    `nonmembers=class-matched` (spec 003 §2.2 default) each class contributes as many non-members as
    members, so a 2-class client's membership cannot be read off its label shift; `uniform` draws
    them at random. Members and non-members are then cut to the same count: the base rate is 50%.
-2. Both sides are split in halves by a seeded shuffle: the first halves train (mia-direct) or
-   calibrate (mia-loss) the attack, the second halves, balanced 1:1, are the evaluated set.
+2. The member/non-member pairs are split in halves by one seeded shuffle (so each half is
+   class-matched too): the first halves train (mia-direct) or calibrate (mia-loss) the attack, the
+   second halves, balanced 1:1, are the evaluated set.
    mia-shadow trains on its own data instead and is scored on the same evaluated set.
 The attack model is `MembershipNet` on (softmax(F(x)), one-hot y), trained with BCE and Adam.
 """
@@ -95,7 +96,12 @@ def membership_split(
             f"membership attack: only {len(m_pos)} member/non-member pairs (members={members}, "
             f"source={source}, nonmembers={matching}); use members=all, nonmembers=uniform or more data"
         )
-    m_pos, n_pos = rng.permutation(m_pos), rng.permutation(n_pos)
+    # one permutation of the (member, non-member) pairs, not one per side: with class-matched pairs
+    # each half then keeps the per-class match. Independent shuffles leave a class with more members
+    # in the attack half and, the totals being equal, more non-members in the evaluated half, which a
+    # label-only attack turns into an accuracy below 50% on a model that leaks nothing else.
+    order = rng.permutation(len(m_pos))
+    m_pos, n_pos = m_pos[order], n_pos[order]
     half = len(m_pos) // 2
     x_mem, y_mem = b.x_train[mem_idx[m_pos]], b.y_train[mem_idx[m_pos]]
     x_non, y_non = x_pool[n_pos], y_pool[n_pos]

@@ -7,7 +7,12 @@ back, and every client's gradient-modification residual u (kept on the client ac
 - Simulated attacker (Eqs. 2, 3, 5): before every classifier step the client's SA network A is
   trained `sa_steps` times on L_SA = lambda * [BCE(A(F(x_loc), y_loc), 1) + BCE(A(F(x_aux), y_aux), 0)]
   with F frozen (its outputs computed without gradient and without touching BatchNorm statistics),
-  then the classifier's loss is L = L_c - lambda * BCE(A(F(x_loc), y_loc), 1) with A frozen.
+  then the classifier's loss is L = L_c - lambda * BCE(A(F(x_loc), y_loc), 1) with A frozen
+  (`term=bce`, Eq. 5 as written). That term is unbounded: its gradient on A's logit stays near
+  lambda even once A is fooled, so the classifier keeps pushing its outputs away from the data.
+  `term=mean` is the privacy term of Nasr et al.'s adversarial-regularisation code
+  (SPIN-UMass/ML-Privacy-Regulization, `alpha * (mean(A) - 0.5)`): L = L_c + lambda * (mean A - 1/2),
+  whose gradient vanishes as A's output on members reaches 0.
   A starts every round from the global SA state and is aggregated with FedAvg (weights n_k) beside
   the classifier. Adam's moments are not federated: each client's round starts a fresh optimiser.
 - Gradient modification (Eq. 6): a = g + m * u; the entries selected by the threshold (top-rho of
@@ -137,11 +142,13 @@ class FRLState:
         for q in self.sa.parameters():
             q.requires_grad_(False)
         try:
-            l_sa_prime = self.bce(self.sa(probs, y), ones)
+            logits = self.sa(probs, y)
         finally:
             for q in self.sa.parameters():
                 q.requires_grad_(True)
-        return base_loss - p.lam * l_sa_prime
+        if p.term == "bce":  # Eq. 5 literally: L_c - lambda * L_SA'
+            return base_loss - p.lam * self.bce(logits, ones)
+        return base_loss + p.lam * (torch.sigmoid(logits).mean() - 0.5)  # Nasr et al.'s code
 
     def _aux_batch(self, y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Indices of an aux batch as large as the local one: uniform, or with the local batch's labels.

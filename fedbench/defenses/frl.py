@@ -8,7 +8,9 @@ losses are in `fedbench.defenses._frl_core`.
 Where the paper is silent (spec 003 ambiguity table) the defaults are the spec's: SA sizes
 128-64 / 64 / 64-1, Adam 1e-3 for A, one SA step per classifier step, flags local = 1 / aux = 0,
 GM per local step with the top-10% entries of each tensor, residual kept on the client across
-rounds, A aggregated with FedAvg.
+rounds, A aggregated with FedAvg. The classifier's privacy term is Eq. 5 as written (`term=bce`);
+`term=mean` is the bounded term of Nasr et al.'s adversarial-regularisation code (an option, not
+the paper's; see `_frl_core`).
 
 The auxiliary set: `aux_fraction` of the training prefix, drawn at random (seeded by the run seed)
 and set aside by the server before the data is split over the clients (`Defense.reserve`), as the
@@ -73,6 +75,9 @@ class FRL(Defense):
         sa_arch: Literal["spec", "nasr"] = param("spec", "SA network sizes: spec default or Nasr et al.'s")
         sa_lr: float = param(1e-3, "Adam learning rate of the SA network", min=0, min_open=True)
         sa_steps: int = param(1, "SA steps before each classifier step", min=1)
+        term: Literal["bce", "mean"] = param(
+            "bce", "classifier's privacy term: -lambda*BCE(A,1) (Eq. 5) or lambda*(mean A - 1/2) (Nasr code)"
+        )
 
     def __init__(self, params: Any = None):
         super().__init__(params)
