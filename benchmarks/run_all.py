@@ -44,11 +44,19 @@ def main() -> int:
         if proc.returncode:
             failed.append(name)
             print(proc.stderr, file=sys.stderr)
-        summary.append(f"## {name}\n\n{proc.stdout.strip()}\n")
-        result = out / f"{name}.json"
-        if not proc.returncode and result.exists():
-            for c in json.loads(result.read_text()).get("checks", []):
-                checks.append({"benchmark": name, **c})
+        if not proc.returncode:
+            (out / f"{name}.md").write_text(proc.stdout)
+    # the summary covers every benchmark with results in `out`, so `--only` refreshes some of them
+    # without dropping the others (each section says when its run was written)
+    for script in sorted(HERE.glob("bench_*.py")):
+        name = script.stem.removeprefix("bench_")
+        table, result = out / f"{name}.md", out / f"{name}.json"
+        if not (table.exists() and result.exists()) or name in failed:
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(result.stat().st_mtime))
+        summary.append(f"## {name} ({when})\n\n{table.read_text().strip()}\n")
+        for c in json.loads(result.read_text()).get("checks", []):
+            checks.append({"benchmark": name, **c})
     head = [
         f"# fedbench benchmarks{' (--quick: short runs, noisy figures)' if args.quick else ''}",
         "",
