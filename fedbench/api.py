@@ -100,8 +100,8 @@ class Scenario:
     observe_round: int = param(0, "round at which the attacker observes", min=0)
     victim: int = param(0, "index of the observed client", min=0)
     eval_every: int = param(1, "evaluate the global model every N rounds", min=1)
-    train_size: int = param(0, "use only the first N training examples; 0 = all", min=0)
-    test_size: int = param(0, "use only the first N test examples; 0 = all", min=0)
+    train_size: int = param(0, "use only the first N training examples (at most all); 0 = all", min=0)
+    test_size: int = param(0, "use only the first N test examples (at most all); 0 = all", min=0)
 
     def validate(self) -> str | None:
         if self.victim >= self.clients:

@@ -246,3 +246,12 @@ def test_malicious_server_replaces_the_model_it_sends(digits):
     obs = sim.run().observation
     assert server.rounds == [0, 1]
     assert all(float(v.abs().sum()) == 0 for v in obs.global_state.values())  # the victim got the poison
+
+
+def test_train_and_test_size_beyond_the_dataset_take_all_of_it(digits):
+    """train_size/test_size are caps (fed-cdp's 4000 on breast-cancer's 455 records takes all 455); a
+    regression once indexed past the end of the training set."""
+    sim = _sim(digits, train_size=10_000, test_size=10_000, rounds=1)
+    assert len(sim.y_train) == len(digits.y_train) and len(sim.y_test) == len(digits.y_test)
+    assert sorted(i for ix in sim.client_indices for i in ix) == list(range(len(digits.y_train)))
+    sim.run()

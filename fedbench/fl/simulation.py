@@ -142,8 +142,9 @@ class Simulation:
         self.loss_fn = loss_function(scenario.loss)
         self.meta = bundle.meta
 
-        n_train = scenario.train_size or len(bundle.y_train)
-        n_test = scenario.test_size or len(bundle.y_test)
+        # train_size/test_size are caps: a preset's 4000 on a 455-record dataset takes all 455
+        n_train = min(scenario.train_size or len(bundle.y_train), len(bundle.y_train))
+        n_test = min(scenario.test_size or len(bundle.y_test), len(bundle.y_test))
         self.x_train = bundle.x_train[:n_train].to(self.device)
         self.y_train = bundle.y_train[:n_train].to(self.device)
         self.x_test = bundle.x_test[:n_test].to(self.device)
