@@ -55,14 +55,24 @@ def order_columns(columns: list[str]) -> list[str]:
     )
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Replace `path` with `text` all at once: a reader sees the old file or the new, never a part."""
+def _finished_temp(path: Path, text: str) -> str:
+    """A complete temporary file holding `text`, beside `path` (same file system), shareable mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, _FILE_MODE)  # mkstemp makes it 0600; results are meant to be shared
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` with `text` all at once: a reader sees the old file or the new, never a part."""
+    tmp = _finished_temp(path, text)
+    try:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -75,12 +85,8 @@ def _atomic_create(path: Path, text: str) -> Path:
     The file is complete before its name appears (hard link of a finished temporary file, which fails
     when the name exists), so two processes finishing in the same second keep both files.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _finished_temp(path, text)
     try:
-        os.chmod(tmp, _FILE_MODE)  # mkstemp makes it 0600; results are meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
         for n in range(1, 1000):
             target = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
             try:
