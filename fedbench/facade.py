@@ -143,9 +143,11 @@ def run(
     backend: str = "local",
     address: str | None = None,
     gpus: tuple[int, ...] = (),
+    threads: int | None = None,
 ):
     """Run a preset (name or path) and return one row per run as a pandas DataFrame.
 
+    `threads` sets torch's intra-op threads per worker (the CLI's `--threads`; default: cores / n_jobs).
     `backend="ray"` runs the grid as Ray tasks (on the cluster at `address`, else a local one);
     `gpus=(0, 1)` runs one worker per GPU (see `fedbench.backends`).
     """
@@ -163,6 +165,7 @@ def run(
         backend=backend,
         address=address,
         gpus=tuple(gpus),
+        threads=threads,
     )
     cache = RunCache((cache_dir or default_cache_dir()) if use_cache else None)
     rows, _ = execute_grid(grid, ctx, cache, out_dir, n_jobs=n_jobs, fail_fast=fail_fast)

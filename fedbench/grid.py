@@ -18,12 +18,11 @@ import dataclasses
 import difflib
 import itertools
 import math
+import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from fedbench.api import Scenario
 from fedbench.errors import FedbenchError, SpecError, UnknownNameError
@@ -36,6 +35,8 @@ COMPONENTS = ("dataset", "model", "defense", "attack")
 _TOP_LEVEL = {"grid", "scenario", "reported", *COMPONENTS}
 _GRID_KEYS = {"name", "description", "paper", "seeds", "substitution", "extends", "full_data", "board"}
 _BLOCK_KEYS = {"name", "params", "datasets", "models", "adaptive", "adaptive_params"}
+# [grid.board]: what `fedbench export --to leaderboard` reads (fedbench.leaderboard.build)
+BOARD_KEYS = ("name", "title", "description", "headline", "metrics", "budget", "target", "command")
 # A grid larger than this is a typo (a seed count of 10**9, a sweep pasted twice), not a benchmark.
 MAX_RUNS = 100_000
 
@@ -161,6 +162,7 @@ def _check_structure(data: dict[str, Any], path: Path) -> None:
     for key in grid:
         if key not in _GRID_KEYS:
             raise SpecError(f"{path}: [grid] has unknown key '{key}' (keys: {', '.join(sorted(_GRID_KEYS))})")
+    _check_board(grid.get("board", {}), path)
     if not isinstance(data.get("scenario", {}), dict):
         raise SpecError(f"{path}: [scenario] must be a table")
     for kind in COMPONENTS:
@@ -181,6 +183,34 @@ def _check_structure(data: dict[str, Any], path: Path) -> None:
     reported = data.get("reported", [])
     if not isinstance(reported, list) or not all(isinstance(r, dict) for r in reported):
         raise SpecError(f"{path}: [reported] must be written [[reported]]")
+
+
+def _check_board(board: Any, path: Path) -> None:
+    """[grid.board]: known keys only (a typo would silently fall back to a default), valid values."""
+    from fedbench.tables import Threshold, metric
+
+    where = f"{path}: [grid.board]"
+    if not isinstance(board, dict):
+        raise SpecError(f"{where} must be a table")
+    for key in board:
+        if key not in BOARD_KEYS:
+            hint = difflib.get_close_matches(key, BOARD_KEYS, n=1)
+            more = f"; did you mean '{hint[0]}'?" if hint else ""
+            raise SpecError(f"{where} has unknown key '{key}'{more} (keys: {', '.join(BOARD_KEYS)})")
+    for key in ("name", "title", "description", "headline", "budget", "target", "command"):
+        if key in board and not isinstance(board[key], str):
+            raise SpecError(f'{where} {key} must be a string, e.g. {key} = "..."')
+    metrics = board.get("metrics", [])
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise SpecError(f'{where} metrics must be a list of metric names, e.g. metrics = ["psnr", "ssim"]')
+    try:
+        for name in [board["headline"], *metrics] if "headline" in board else metrics:
+            metric(name)
+        for key in ("budget", "target"):
+            if key in board:
+                Threshold.parse(board[key], key)
+    except FedbenchError as exc:
+        raise SpecError(f"{where}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------- expansion

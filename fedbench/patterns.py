@@ -7,9 +7,8 @@ TOML is taken as a string, so `dp-gaussian[sigma=[0.01,0.1]]` and `mlp[activatio
 from __future__ import annotations
 
 import re
-from typing import Any
-
 import tomllib
+from typing import Any
 
 from fedbench.errors import SpecError
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,7 @@ def _atomic_create(path: Path, text: str) -> Path:
 
 
 def results_path(out_dir: str | Path, preset: str, when: datetime | None = None) -> Path:
-    when = when or datetime.now(timezone.utc)
+    when = when or datetime.now(UTC)
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in preset) or "results"
     return Path(out_dir) / f"{safe}-{when.strftime('%Y%m%d-%H%M%S')}.csv"
 

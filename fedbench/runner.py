@@ -30,16 +30,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fedbench import __version__, backends
-from fedbench.api import Attack
+from fedbench.api import Attack, Defense
 from fedbench.cache import RunCache
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.params import params_to_dict
 from fedbench.results import SCENARIO_PREFIX
-from fedbench.spec import RunSpec, canonical_json
+from fedbench.spec import RunSpec, canonical_json, training_scenario
 
 
 @dataclass(frozen=True)
@@ -129,20 +129,39 @@ def compute_utility(job: Job) -> dict[str, Any]:
     bundle = _load(spec, ctx)
     defense = spec.defense.instantiate()
     device = resolve_device(ctx.device)
-    sim = Simulation(spec.scenario, bundle, _model_factory(spec, bundle.meta), defense, spec.seed, device)
+    sc = training_scenario(spec.scenario)  # keyed without the observation point: it must not see it
+    sim = Simulation(sc, bundle, _model_factory(spec, bundle.meta), defense, spec.seed, device)
     result = sim.run()
     if not (math.isfinite(result.test_acc) and not math.isnan(result.test_loss)):
         raise RunFailure(f"non-finite test acc/loss after training ({result.test_acc}, {result.test_loss})")
-    accounting = defense.accounting(spec.scenario, len(sim.y_train))
     return {
         "test_acc": result.test_acc,
         "test_loss": result.test_loss,
         "history": result.history,
         "client_sizes": result.client_sizes,
-        "accounting": dataclasses.asdict(accounting) if accounting else None,
+        "n_train": len(sim.y_train),  # what the accountant needs (computed per row, outside the cache)
         "seconds": time.perf_counter() - start,
         "device": device,
     }
+
+
+def _accounting(spec: RunSpec, utility: dict[str, Any], ctx: RunContext) -> dict[str, Any] | None:
+    """The defense's formal guarantee for this run, computed now rather than read from the cache.
+
+    Epsilon depends only on the defense's parameters, the training scenario and the training-set size,
+    never on the trained weights, so it is not cached with the training: a fix to an accountant reaches
+    every row at once, without retraining and without a version bump. Entries cached before `n_train`
+    was stored get the size from the dataset (the same cap the simulation applies).
+    """
+    defense = spec.defense.instantiate()
+    if type(defense).accounting is Defense.accounting:
+        return None
+    n_train = utility.get("n_train")
+    if n_train is None:
+        size = len(_load(spec, ctx).y_train)
+        n_train = min(spec.scenario.train_size or size, size)
+    accounting = defense.accounting(training_scenario(spec.scenario), int(n_train))
+    return dataclasses.asdict(accounting) if accounting else None
 
 
 def compute_attack(job: Job) -> dict[str, Any]:
@@ -244,7 +263,7 @@ def _base_row(spec: RunSpec) -> dict[str, Any]:
         {
             "fedbench_version": __version__,
             "torch_version": torch_version(),
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
     )
     return row
@@ -370,7 +389,7 @@ def _execute_into(row: dict[str, Any], spec: RunSpec, cache: RunCache, ctx: RunC
         utility_seconds=utility["seconds"],
         device=utility["device"],
     )
-    acc = utility.get("accounting")
+    acc = _accounting(spec, utility, ctx)
     if acc:
         row.update(
             epsilon=acc["epsilon"],

@@ -3,7 +3,8 @@
 A `RunSpec` is one point of a grid: (scenario, dataset, model, defense, attack, seed). Its key is
 the canonical JSON (sorted keys, resolved defaults, canonical names, plugin versions) and the first
 16 hex digits of its SHA-256 are the `run_id`. The utility part of a run is keyed without the
-attack, so every attack of a grid cell shares one FL training run.
+attack and without the observation point (`OBSERVATION_FIELDS`), so every attack and every
+observation point of a grid cell shares one FL training run.
 """
 
 from __future__ import annotations
@@ -92,6 +93,19 @@ def short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# Scenario fields that say where and when the attacker looks, not how the federation trains: the
+# utility run (the training without an observer) never reads them, so they stay out of its key and
+# runs that differ only in them share one training. The attack run's key keeps them.
+OBSERVATION_FIELDS = ("observe", "observe_round", "victim")
+
+
+def training_scenario(scenario: Scenario) -> Scenario:
+    """`scenario` with the observation fields at their defaults: what the utility run trains on, so
+    its result cannot depend on a field its key leaves out."""
+    default = Scenario()
+    return scenario.replace(**{f: getattr(default, f) for f in OBSERVATION_FIELDS})
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One grid point. `preset` is provenance only: it is not part of the key."""
@@ -105,6 +119,13 @@ class RunSpec:
     preset: str = field(default="", compare=False)
 
     def utility_key(self) -> dict[str, Any]:
+        """The FL training's key: the run's key without the attack and without the attacker's vantage
+        point (`OBSERVATION_FIELDS`), so runs that differ only there share one training."""
+        out = self._key()
+        out["scenario"] = {k: v for k, v in out["scenario"].items() if k not in OBSERVATION_FIELDS}
+        return out
+
+    def _key(self) -> dict[str, Any]:
         return {
             "dataset": self.dataset.key(),
             "model": self.model.key(),
@@ -115,7 +136,8 @@ class RunSpec:
         }
 
     def key(self) -> dict[str, Any]:
-        out = self.utility_key()
+        """The run's key: the whole scenario (observation point included) and the attack."""
+        out = self._key()
         out["attack"] = self.attack.key() if self.attack else None
         return out
 

@@ -369,15 +369,41 @@ def _key(values: Any) -> tuple[str, ...]:
     return tuple(_as_text(v) for v in (values if isinstance(values, tuple) else (values,)))
 
 
+def observation_columns(frame) -> list[str]:
+    """The scenario columns of the attacker's vantage point (`sc_observe`, ...): not part of the training."""
+    from fedbench.results import SCENARIO_PREFIX
+    from fedbench.spec import OBSERVATION_FIELDS
+
+    return [c for c in (SCENARIO_PREFIX + f for f in OBSERVATION_FIELDS) if c in frame.columns]
+
+
+def training_columns(frame) -> list[str]:
+    """The columns that identify one FL training (the utility key, as results columns): dataset, model,
+    defense and their parameters, the scenario without the observation point, and the seed.
+
+    Taken from the columns rather than `utility_id`, so results written before the observation point
+    left the utility key (where each observation point had its own `utility_id`) count a training once.
+    """
+    observe = set(observation_columns(frame))
+    named = [c for c in ("dataset", "model", "defense", "seed") if c in frame.columns]
+    params = [c for c in frame.columns if c.startswith(("p_dataset_", "p_model_", "p_defense_"))]
+    scenario = [c for c in slice_columns(frame) if c.startswith("sc_") and c not in observe]
+    return named + sorted(params) + scenario
+
+
 def utility_frame(frame, row_keys: Sequence[str] = ()):
-    """One row per utility run (defense config x seed; x row keys such as attack that vary within one),
-    with `acc_drop` vs `none` of the same slice and seed."""
+    """One row per distinct FL training (defense config x seed; x row keys such as attack that vary
+    within one), with `acc_drop` vs `none` of the same slice and seed.
+
+    Runs that share a training (several attacks, or several observation points, reading one FL run)
+    enter once, so a mean and its CI count each training once.
+    """
     ok = frame[frame["status"] == "ok"]
     cols = [c for c in ok.columns if not c.startswith("_")]
-    subset = ["utility_id", *[k for k in row_keys if k in ok.columns]] if "utility_id" in ok.columns else None
-    util = ok.drop_duplicates(subset=subset)[cols].copy()
-    sl = slice_columns(util)
-    keys = sl + ["seed"]
+    subset = [*training_columns(ok), *[k for k in row_keys if k in ok.columns]]
+    util = ok.drop_duplicates(subset=list(dict.fromkeys(subset)) or None)[cols].copy()
+    observe = set(observation_columns(util))
+    keys = [c for c in slice_columns(util) if c not in observe] + ["seed"]
     base = util[util["defense"] == "none"]
     lookup = {
         _key(tuple(r[c] for c in keys)): r["test_acc"] for _, r in base.iterrows() if "test_acc" in base

@@ -23,6 +23,49 @@ def test_help_lists_commands_with_examples():
         assert "Examples" in invoke(cmd, "--help").output
 
 
+def _bracketed(text: str) -> list[str]:
+    """The outermost [...] spans of a help text as it should print (rich's `\\[` escape undone)."""
+    text = text.replace("\\[", "[")
+    spans, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            start = i if depth == 0 else start
+            depth += 1
+        elif ch == "]" and depth:
+            depth -= 1
+            if depth == 0:
+                spans.append(text[start : i + 1])
+    return spans
+
+
+def _commands(command, path=()):
+    yield path, command
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_bracketed_help_text_prints():
+    """Issue #16 defect 13: rich markup ate '[k=v]', '[env FEDBENCH_DATA_ROOT]', '[default: ...]'."""
+    import re
+
+    import typer
+
+    squash = re.compile(r"[\s│╭╮╰╯─]+")
+    checked = 0
+    for path, command in _commands(typer.main.get_command(app)):
+        res = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"}, catch_exceptions=False)
+        assert res.exit_code == 0, path
+        shown = squash.sub(" ", res.output)
+        texts = [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
+        for token in (t for text in texts for t in _bracketed(text)):
+            assert squash.sub(" ", token) in shown, f"fedbench {' '.join(path)} --help lost {token!r}"
+            checked += 1
+    assert checked >= 25  # the bracketed texts of the issue, and the examples' patterns
+    run_help = squash.sub(" ", invoke("run", "--help").output)
+    shown = ("name[k=v]", "[env FEDBENCH_DATA_ROOT]", "[default: quickstart]", "[default: cores / n-jobs]")
+    assert [text for text in shown if text not in run_help] == []
+
+
 def test_list_defenses_shows_aliases():
     res = invoke("list", "defenses")
     assert res.exit_code == 0
@@ -270,3 +313,16 @@ def test_preset_dir_adds_a_folder(tmp_path):
     res = invoke("validate", "mine", "--preset-dir", str(folder))
     assert res.exit_code == 0 and "1 runs" in res.output
     assert invoke("validate", "mine").exit_code == 2  # not found without the folder
+
+
+def test_validate_rejects_a_board_typo(tmp_path):
+    """Issue #16 defect 13: `fedbench validate` passed a misspelt [grid.board] key."""
+    path = tmp_path / "boarded.toml"
+    path.write_text(
+        '[grid]\nname = "b"\n[grid.board]\ntitel = "B"\n'
+        '[[dataset]]\nname = "digits"\n[[model]]\nname = "mlp"\n'
+    )
+    res = invoke("validate", str(path))
+    assert res.exit_code == 2
+    assert "[grid.board] has unknown key 'titel'; did you mean 'title'?" in res.output
+    assert len(res.output.strip().splitlines()) == 1

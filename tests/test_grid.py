@@ -178,3 +178,125 @@ def test_extends_one_level(tmp_path):
 def test_bad_set_override(tmp_path):
     with pytest.raises(SpecError, match="only scenario"):
         build_grid(_write(tmp_path, GOOD), Overrides(sets=("defense.sigma=1",)))
+
+
+OBSERVED = """
+[grid]
+name = "observed"
+seeds = 2
+
+[scenario]
+protocol = "fedsgd"
+clients = 2
+rounds = 2
+batch_size = 2
+train_size = 40
+test_size = 20
+observe = ["step", "update"]
+observe_round = [0, 1]
+
+[[dataset]]
+name = "digits"
+
+[[model]]
+name = "mlp"
+params = { hidden = [8] }
+
+[[defense]]
+name = "dpg"
+params = { sigma = 0.01 }
+
+[[attack]]
+name = "idlg"
+params = { iterations = 2 }
+"""
+
+
+def test_observation_point_is_outside_the_utility_key(tmp_path):
+    """Issue #16 defect 7: runs that differ only in where the attacker looks share one training."""
+    grid = build_grid(_write(tmp_path, OBSERVED))
+    specs = grid.specs
+    assert len(specs) == 2 * 2 * 2  # seeds x observe x observe_round
+    assert len({s.run_id for s in specs}) == len(specs)  # the observation point stays in the run key
+    assert len({s.utility_id for s in specs}) == 2  # one training per seed
+    other_victim = build_grid(_write(tmp_path, OBSERVED), Overrides(sets=("scenario.victim=1",))).specs
+    assert {s.utility_id for s in other_victim} == {s.utility_id for s in specs}
+    longer = build_grid(_write(tmp_path, OBSERVED), Overrides(sets=("scenario.rounds=3",))).specs
+    assert not {s.utility_id for s in longer} & {s.utility_id for s in specs}  # training fields do count
+
+
+def test_grid_over_observation_points_trains_once_per_seed(tmp_path, monkeypatch):
+    """Issue #16 defect 7: two observation points x two rounds run one FL training per seed."""
+    import fedbench.runner as runner
+    from fedbench.cache import RunCache
+
+    calls = []
+    real = runner.compute_utility
+    monkeypatch.setattr(runner, "compute_utility", lambda job: calls.append(job.spec.seed) or real(job))
+    cache = RunCache(tmp_path / "cache")
+    grid = build_grid(_write(tmp_path, OBSERVED))
+    rows = runner.run_grid(grid.specs, cache, runner.RunContext(threads=1))
+    assert [r["status"] for r in rows] == ["ok"] * len(grid.specs)
+    assert sorted(calls) == [0, 1]  # one training per seed, not one per observation point
+    assert cache.info().utility_entries == 2 and cache.info().attack_entries == len(grid.specs)
+    by_seed = {}
+    for r in rows:
+        by_seed.setdefault(r["seed"], set()).add((r["utility_id"], r["test_acc"]))
+    assert all(len(v) == 1 for v in by_seed.values())
+    assert {(r["sc_observe"], r["sc_observe_round"]) for r in rows} == {
+        (p, k) for p in ("step", "update") for k in (0, 1)
+    }
+
+
+BOARDED = """
+[grid]
+name = "b"
+[grid.board]
+name = "b"
+{line}
+[[dataset]]
+name = "digits"
+[[model]]
+name = "mlp"
+"""
+
+
+@pytest.mark.parametrize(
+    "line,match",
+    [
+        ('headlin = "psnr"', r"\[grid.board\] has unknown key 'headlin'; did you mean 'headline'\?"),
+        ('budgt = "acc_drop<=2"', "did you mean 'budget'"),
+        ('metrics = ["psnr", "ssmi"]', r"\[grid.board\]: unknown metric 'ssmi'; did you mean 'ssim'"),
+        ('headline = "psnrr"', "did you mean 'psnr'"),
+        ('budget = "acc_dorp<=2"', "did you mean 'acc_drop'"),
+        ('target = "psnr 8"', "write metric<=number"),
+        ("metrics = 3", "metrics must be a list"),
+    ],
+)
+def test_board_typos_fail_validation(tmp_path, line, match):
+    """Issue #16 defect 13: a typo in [grid.board] fell back to a default instead of failing."""
+    path = _write(tmp_path, BOARDED.format(line=line), "boarded.toml")
+    with pytest.raises(SpecError, match=match) as info:
+        build_grid(path)
+    assert "boarded.toml" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_preset_board_is_valid():
+    from fedbench.grid import BOARD_KEYS
+
+    boards = [build_grid(name).board for name, _, _ in list_presets()]
+    assert any(boards) and all(set(b) <= set(BOARD_KEYS) for b in boards)
+
+
+def test_requires_python_covers_tomllib():
+    """Issue #16 defect 13: presets are read with the stdlib tomllib (3.11+); pyproject said 3.10."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    needs_tomllib = any("import tomllib" in p.read_text() for p in (root / "fedbench").rglob("*.py"))
+    floor = re.fullmatch(r">=\s*3\.(\d+)", project["project"]["requires-python"].strip())
+    assert floor and (int(floor.group(1)) >= 11 or not needs_tomllib)
+    assert project["tool"]["ruff"]["target-version"] == f"py3{floor.group(1)}"

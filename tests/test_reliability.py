@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 from subprocess import PIPE
 
@@ -406,9 +407,9 @@ def test_two_concurrent_runs_share_a_cache_and_an_output_folder(tmp_path, faults
 
 
 def test_results_file_names_never_collide(tmp_path):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     rows = [{"run_id": "a" * 16, "defense": "none", "status": "ok"}]
     first = write_results(rows, {"n": 1}, results_path(tmp_path, "grid", when))
     second = write_results(rows, {"n": 2}, results_path(tmp_path, "grid", when))

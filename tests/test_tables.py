@@ -310,3 +310,44 @@ def test_reported_rows_with_conditions_on_row_keys(tmp_path):
     p = pivot(load_results([path]), rows=["defense"], reported=True)
     i = [k for k, _ in p.rows].index(("none",))
     assert p.cell(i, "idlg:psnr").reported is None
+
+
+def test_utility_counts_each_training_once_across_observation_points(tmp_path):
+    """Issue #16 defect 7: one training read at three observation points enters the mean and CI once.
+
+    The rows carry one `utility_id` per observation point, as results written before the observation
+    point left the utility key do, so the table must tell the distinct trainings from the columns.
+    """
+    accs = {"none": (0.08, 0.10, 0.15), "dp-gaussian[clip=1,sigma=0.1]": (0.11, 0.12, 0.09)}
+    rows = []
+    for row in make_rows(attacks=("idlg",), seeds=(0,)):
+        if row["defense"] not in accs:
+            continue
+        for seed in (0, 1, 2):
+            for point in ("example", "update", "server"):
+                rows.append(
+                    {
+                        **row,
+                        "run_id": hashlib.sha256(f"{row['defense']}|{seed}|{point}".encode()).hexdigest()[:9],
+                        "utility_id": f"u-{row['defense']}-{seed}-{point}",
+                        "seed": seed,
+                        "sc_observe": point,
+                        "psnr": 10.0 + seed + len(point),
+                        "test_acc": accs[row["defense"]][seed],
+                    }
+                )
+    frame = load_results([write_synthetic(tmp_path / "observed-20260102-030405.csv", rows)])
+    p = pivot(frame, metrics=["psnr"], rows=["defense"], cols=["sc_observe"])
+    labels = [k[0] for k, _ in p.rows]
+    for label, values in accs.items():
+        i = labels.index(label)
+        distinct = aggregate(values, METRICS["test_acc"])
+        cell = p.cell(i, "test_acc")
+        assert cell.n == 3 and cell.spread_kind == "ci95"
+        assert cell.value == pytest.approx(distinct.value) and cell.spread == pytest.approx(distinct.spread)
+        drop = p.cell(i, "acc_drop")  # paired with `none` of the same seed, whichever point it was read at
+        assert drop.n == 3 and drop.value == pytest.approx(
+            sum(a - b for a, b in zip(accs["none"], values, strict=True)) / 3
+        )
+    # the leakage cells are distinct runs: one per seed in each observation point's column
+    assert {p.cell(0, c.key).n for c in p.columns if c.metric.name == "psnr"} == {3}

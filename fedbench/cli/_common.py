@@ -56,4 +56,10 @@ def load_plugins(paths: list[Path] | None) -> None:
         load_plugin_file(path)
 
 
+def literal(text: str) -> str:
+    """A help text shown as written. Typer reads help as rich markup, where '[k=v]', '[env X]' or
+    '[default: ...]' is a style tag and vanishes from `--help`; escaped, the brackets print."""
+    return escape(text)
+
+
 PLUGIN_HELP = "Python file that registers plugins (the only way code is loaded from a path); repeatable."

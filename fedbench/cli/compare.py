@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from fedbench.cli._common import handle_errors, out
+from fedbench.cli._common import handle_errors, literal, out
 
-RESULTS_HELP = (
+RESULTS_HELP = literal(
     "Results CSV files or folders (a folder means its newest file) [default: newest in -o/--output]."
 )
 
@@ -34,9 +34,11 @@ def compare_cmd(
     metric: list[str] = typer.Option(
         None, "--metric", "-M", help="Leakage/extra metric(s) to show, e.g. psnr,ssim; repeatable."
     ),
-    rows: list[str] = typer.Option(None, "--rows", help="Row columns [default: defense (+ what varies)]."),
+    rows: list[str] = typer.Option(
+        None, "--rows", help=literal("Row columns [default: defense (+ what varies)].")
+    ),
     cols: list[str] = typer.Option(
-        None, "--cols", help="Column groups for leakage metrics [default: attack]."
+        None, "--cols", help=literal("Column groups for leakage metrics [default: attack].")
     ),
     agg: str = typer.Option("mean", "--agg", help="Over seeds: mean (± std / 95% CI), median or worst."),
     fmt: str = typer.Option("rich", "--format", "-f", help="rich, markdown, latex, csv or json."),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from fedbench.cli._common import err, handle_errors
+from fedbench.cli._common import err, handle_errors, literal
 from fedbench.cli.compare import RESULTS_HELP, split_list
 
 TARGETS = ("csv", "markdown", "latex", "leaderboard")
@@ -20,10 +20,14 @@ def export_cmd(
     dest: Path = typer.Option(
         None,
         "--dest",
-        help="Output file for tables [default: next to the results file]; "
-        "leaderboards folder for --to leaderboard [default: ./leaderboards].",
+        help=literal(
+            "Output file for tables [default: next to the results file]; "
+            "leaderboards folder for --to leaderboard [default: ./leaderboards]."
+        ),
     ),
-    board: str = typer.Option(None, "--board", help="Board name [default: the preset's board or name]."),
+    board: str = typer.Option(
+        None, "--board", help=literal("Board name [default: the preset's board or name].")
+    ),
     command: str = typer.Option(None, "--command", help="Regenerating command recorded in the board."),
     metric: list[str] = typer.Option(None, "--metric", "-M", help="Leakage metric(s) for tables."),
     where: list[str] = typer.Option(None, "--where", "-w", help="Filter rows: column=value; repeatable."),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from fedbench.cli._common import err, handle_errors, out
+from fedbench.cli._common import err, handle_errors, literal, out
 
 leaderboard_app = typer.Typer(
     help="Render, check and show the leaderboards (JSON entries -> leaderboard.csv, README.md).\n\n"
@@ -20,7 +20,7 @@ DIR_HELP = "Folder holding the boards."
 @leaderboard_app.command("render")
 @handle_errors
 def render_cmd(
-    board: list[str] = typer.Argument(None, help="Board name(s) [default: all]."),
+    board: list[str] = typer.Argument(None, help=literal("Board name(s) [default: all].")),
     root: Path = typer.Option(Path("leaderboards"), "--dir", help=DIR_HELP),
 ) -> None:
     """Regenerate leaderboard.csv and README.md of the boards (and the index) from their entries.
@@ -43,7 +43,7 @@ def render_cmd(
 @leaderboard_app.command("check")
 @handle_errors
 def check_cmd(
-    board: list[str] = typer.Argument(None, help="Board name(s) [default: all]."),
+    board: list[str] = typer.Argument(None, help=literal("Board name(s) [default: all].")),
     root: Path = typer.Option(Path("leaderboards"), "--dir", help=DIR_HELP),
 ) -> None:
     """Validate the entries and fail (exit 1) when a rendered file is stale.

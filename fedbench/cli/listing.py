@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from fedbench.cli._common import PLUGIN_HELP, err, handle_errors, load_plugins, out
+from fedbench.cli._common import PLUGIN_HELP, err, handle_errors, literal, load_plugins, out
 
 KINDS = ("datasets", "models", "defenses", "attacks", "presets")
 
@@ -86,7 +86,7 @@ def show_cmd(
     ),
     results: Path = typer.Option(Path("results"), "--results", help="run: results directory to search."),
     cache_dir: Path = typer.Option(
-        None, "--cache-dir", help="run: cache directory [env FEDBENCH_CACHE_DIR]."
+        None, "--cache-dir", help=literal("run: cache directory [env FEDBENCH_CACHE_DIR].")
     ),
     data_root: Path = typer.Option(
         None, "--data-root", help="run: folder of full datasets, if the run used one."

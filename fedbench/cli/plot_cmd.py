@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from fedbench.cli._common import cache_dir_option, err, handle_errors
+from fedbench.cli._common import cache_dir_option, err, handle_errors, literal
 from fedbench.cli.compare import RESULTS_HELP
 
 plot_app = typer.Typer(
@@ -20,9 +20,11 @@ plot_app = typer.Typer(
 @handle_errors
 def tradeoff_cmd(
     results: list[Path] = typer.Argument(None, help=RESULTS_HELP, show_default=False),
-    metric: str = typer.Option(None, "--metric", "-M", help="Leakage metric [default: psnr when present]."),
+    metric: str = typer.Option(
+        None, "--metric", "-M", help=literal("Leakage metric [default: psnr when present].")
+    ),
     out_path: Path = typer.Option(
-        None, "--out", help="Figure path (.png/.svg) [default: next to the results]."
+        None, "--out", help=literal("Figure path (.png/.svg) [default: next to the results].")
     ),
     where: list[str] = typer.Option(None, "--where", "-w", help="Filter rows: column=value; repeatable."),
     keep: str = typer.Option("last", "--keep", help="Runs in several files: keep the 'last' or 'all'."),
@@ -64,13 +66,15 @@ def tradeoff_cmd(
 def reconstructions_cmd(
     results: list[Path] = typer.Argument(None, help=RESULTS_HELP, show_default=False),
     out_path: Path = typer.Option(
-        None, "--out", help="Figure path (.png/.svg) [default: next to the results]."
+        None, "--out", help=literal("Figure path (.png/.svg) [default: next to the results].")
     ),
     metric: str = typer.Option("psnr", "--metric", "-M", help="Leakage metric that picks the best run."),
     max_images: int = typer.Option(8, "--max-images", min=1, help="Images shown per defense."),
     where: list[str] = typer.Option(None, "--where", "-w", help="Filter rows: column=value; repeatable."),
     output: Path = typer.Option(Path("results"), "-o", "--output", help="Folder searched for results."),
-    cache_dir: Path = typer.Option(None, "--cache-dir", help="Cache directory [env FEDBENCH_CACHE_DIR]."),
+    cache_dir: Path = typer.Option(
+        None, "--cache-dir", help=literal("Cache directory [env FEDBENCH_CACHE_DIR].")
+    ),
     by_attack: bool = typer.Option(
         False,
         "--by-attack",

@@ -20,11 +20,14 @@ from fedbench.cli._common import (
     data_root_option,
     err,
     handle_errors,
+    literal,
     load_plugins,
     out,
 )
 
-PRESET_HELP = "Preset name (see 'fedbench list presets') or path to a .toml file [default: quickstart]."
+PRESET_HELP = literal(
+    "Preset name (see 'fedbench list presets') or path to a .toml file [default: quickstart]."
+)
 
 
 def _overrides(dataset, model, defense, attack, set_, seeds):
@@ -43,7 +46,9 @@ def _overrides(dataset, model, defense, attack, set_, seeds):
 @handle_errors
 def run_cmd(
     preset: str = typer.Argument(None, help=PRESET_HELP),
-    dataset: list[str] = typer.Option(None, "-d", "--dataset", help="Dataset pattern name[k=v]; repeatable."),
+    dataset: list[str] = typer.Option(
+        None, "-d", "--dataset", help=literal("Dataset pattern name[k=v]; repeatable.")
+    ),
     model: list[str] = typer.Option(None, "-m", "--model", help="Model pattern; repeatable."),
     defense: list[str] = typer.Option(
         None, "-D", "--defense", help="Defense pattern, e.g. 'dp-gaussian[sigma=[0.01,0.1]]'; repeatable."
@@ -53,11 +58,13 @@ def run_cmd(
     seeds: int = typer.Option(None, "--seeds", help="Number of seeds (0..N-1)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     data_root: Path = typer.Option(
-        None, "--data-root", help="Folder of full datasets [env FEDBENCH_DATA_ROOT]."
+        None, "--data-root", help=literal("Folder of full datasets [env FEDBENCH_DATA_ROOT].")
     ),
     download: bool = typer.Option(False, "--download", help="Download full datasets into --data-root."),
     output: Path = typer.Option(Path("results"), "-o", "--output", help="Results directory."),
-    cache_dir: Path = typer.Option(None, "--cache-dir", help="Cache directory [env FEDBENCH_CACHE_DIR]."),
+    cache_dir: Path = typer.Option(
+        None, "--cache-dir", help=literal("Cache directory [env FEDBENCH_CACHE_DIR].")
+    ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
     force: bool = typer.Option(False, "--force", help="Recompute every run and overwrite its cache entry."),
     n_jobs: int = typer.Option(1, "--n-jobs", "-j", min=1, help="Parallel worker processes."),
@@ -69,13 +76,13 @@ def run_cmd(
         None,
         "--threads",
         min=1,
-        help="torch threads per worker [default: cores / n-jobs]; 1 when sharing the CPU.",
+        help=literal("torch threads per worker [default: cores / n-jobs]; 1 when sharing the CPU."),
     ),
     backend: str = typer.Option(
-        "local", "--backend", help="local (this machine) or ray (Ray tasks; needs fedbench[ray])."
+        "local", "--backend", help=literal("local (this machine) or ray (Ray tasks; needs fedbench[ray]).")
     ),
     address: str = typer.Option(
-        None, "--address", help="Ray cluster HOST:PORT for --backend ray [default: a local cluster]."
+        None, "--address", help=literal("Ray cluster HOST:PORT for --backend ray [default: a local cluster].")
     ),
     gpus: str = typer.Option(None, "--gpus", help="GPU indices, one worker each, e.g. 0,1."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Expand and check the grid, run nothing."),
