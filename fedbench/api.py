@@ -227,6 +227,8 @@ class HookContext:
     the `per_example` and `step` hooks (Soteria needs the inputs behind the gradient), else None.
     `global_state` is the model state the client received this round, given to the `update` hook
     (RecUP-FL trains its defender zoo on gradients at the round's global weights); else None.
+    `epoch` is the local epoch of the round, told to `prepare_data` when the defense redraws its
+    encoding every epoch (`Defense.prepares_per_epoch`); 0 elsewhere.
     """
 
     round: int
@@ -239,6 +241,7 @@ class HookContext:
     x: Any = None
     y: Any = None
     global_state: Any = None
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -267,18 +270,36 @@ class Defense(Plugin):
     # decoder "mixup-decode" for MixUp/InstaHide), or "" for none. Grids add it beside the standard attack
     # (`adaptive = true` on an [[attack]] block) and boards take the worst case over both.
     adaptive_attack: ClassVar[str] = ""
+    # The hooks of this defense that zero entries of the gradient or update they pass on (gradient pruning,
+    # top-k sparsification, Soteria's pruned columns). An observation that one of them acted on is marked
+    # `Observation.sparsified`, and gradient inversion with `pruning_aware=auto` then matches only the
+    # observed non-zero entries (docs/threat-model.md). Override `sparsifying_hooks` when it depends on
+    # the parameters.
+    sparsifies: ClassVar[tuple[str, ...]] = ()
 
     def implements(self, hook: str) -> bool:
         return getattr(type(self), hook) is not getattr(Defense, hook)
 
+    def sparsifying_hooks(self) -> tuple[str, ...]:
+        """The hooks that zero entries in this configuration (default: `sparsifies`)."""
+        return tuple(h for h in self.sparsifies if self.implements(h))
+
     def prepare_data(self, x: torch.Tensor, y: torch.Tensor, ctx: HookContext) -> tuple:
-        """Once per client before training: replace its data (LODA, MixUp).
+        """Once per client before training: replace its data (LODA, MixUp). When `prepares_per_epoch()`
+        is true, instead once per (client, round, local epoch), with `ctx.round`/`ctx.epoch` set and
+        always the client's private data as input: a fresh encoding every epoch (InstaHide).
+        Otherwise `ctx.round` is -1.
 
         Returns (x, y) or (x, y, source): `source[i]` is the private input that prepared row i stands
         for (LODA: the image it obscures; MixUp: its largest-weight component). The engine records it as
-        `Observation.x_private`, and reconstruction metrics compare against it.
+        `Observation.x_private`, and reconstruction metrics compare against it. A per-epoch draw must
+        return the same number of rows every epoch.
         """
         return x, y
+
+    def prepares_per_epoch(self) -> bool:
+        """Whether `prepare_data` is called again for every local epoch of every round (default: once)."""
+        return False
 
     def loss(
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, base_loss: torch.Tensor, ctx: HookContext
@@ -347,6 +368,10 @@ class Observation:
     `cohort` is filled only for attacks that set `observes_cohort` (attribute inference scores many
     victims per run): the observations, at the same point and round, of every client taking part in
     that round, in client order (the victim's own among them); empty otherwise.
+
+    `defense_hooks` names the defense's hooks that acted on what is observed (the engine's table of
+    hooks before each observation point, docs/threat-model.md); `sparsified` is true when one of them
+    zeroes entries (`Defense.sparsifying_hooks`): zeros the attacker may treat as pruned, not as values.
     """
 
     point: str
@@ -365,6 +390,8 @@ class Observation:
     cohort: tuple[Observation, ...] = ()
     rows: tuple[int, ...] = ()
     x_private: torch.Tensor | None = None
+    defense_hooks: tuple[str, ...] = ()
+    sparsified: bool = False
 
 
 @dataclass(frozen=True)

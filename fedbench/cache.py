@@ -14,6 +14,15 @@ an interruption never leaves a half-written entry under its final name. An entry
 is recomputed and overwritten (run entries and `artifact` entries alike), and the run's row carries
 one warning naming it. The cache holds pickles: loading one from someone else's cache runs their
 code, hence the private directory.
+
+Code: a run entry stores the digests of its plugins' code (`fedbench.sources`) and an artifact entry
+the digest of the module that computed it; an entry computed by code that has changed since (a plugin
+edited without a `version` bump) is recomputed with one warning line. The digests are not part of the
+key, so run ids stay stable. Entries from before digests were stored have none and are served.
+
+Ownership: the cache directory is marked by a CACHEDIR.TAG (`fedbench.paths.open_cache_dir`); a
+folder fedbench did not create is refused, `clear_cache` deletes only fedbench's entries, and an
+existing folder's permissions are never changed.
 """
 
 from __future__ import annotations
@@ -25,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedbench.paths import private_dir
+from fedbench.paths import (
+    CACHE_MARKER,
+    DATA_DIR,
+    JOBLIB_DIR,
+    is_cache_dir,
+    is_data_file,
+    not_a_cache,
+    open_cache_dir,
+    private_dir,
+)
 
 
 def _utility_entry(key: str, job: Any) -> dict:
@@ -63,7 +81,39 @@ def artifact(kind: str, key: str, compute: Callable[[], Any]) -> Any:
         func, warnings = _artifacts["func"], _artifacts["warnings"]
     if func is None:
         return compute()
-    return _load_or_compute(func, (kind, key, compute), f"{kind} artifact", key, warnings)[0]
+    code = _compute_digest(compute)
+
+    def stamped() -> dict[str, Any]:  # the value and the digest of the code that computed it
+        return {_STAMP: code, "value": compute()}
+
+    def check(value: Any) -> None:
+        if _is_stamped(value) and value[_STAMP] != code:
+            where = getattr(getattr(compute, "func", compute), "__module__", "?")
+            raise StaleEntry(f"the code of {where} changed since it was computed")
+
+    value = _load_or_compute(func, (kind, key, stamped), f"{kind} artifact", key, warnings, check)[0]
+    return value["value"] if _is_stamped(value) else value  # an entry from before stamps: as stored
+
+
+_STAMP = "__fedbench_code__"
+
+
+def _is_stamped(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {_STAMP, "value"}
+
+
+def _compute_digest(compute: Callable[[], Any]) -> str | None:
+    """Digest of the code of the module that defines `compute` (a plugin's helper), or None."""
+    from fedbench.sources import combine, module_closure
+
+    func = getattr(compute, "func", compute)  # functools.partial
+    module = getattr(func, "__module__", None)
+    files = module_closure([module]) if module else {}
+    return combine(files) if files else None
+
+
+class StaleEntry(Exception):
+    """A cache entry computed by plugin code that has since changed (its stored digest differs)."""
 
 
 def _open_artifacts(memory: Any, location: Path, warnings: list[str]) -> None:
@@ -102,6 +152,10 @@ def _load_or_compute(
         if validate is not None:
             validate(value)
         return value, True
+    except StaleEntry as exc:  # computed by code that has changed since: recompute, store the new value
+        warnings.append(f"stale {what} cache entry {_run_id(key)} ({exc}); recomputed")
+        shelved.clear()
+        return func.call(*args)[0], False
     except Exception as exc:  # truncated or corrupted: drop it, recompute, store the new value
         detail = str(exc).splitlines()[0][:120] if str(exc) else "unreadable"
         name = type(exc).__name__
@@ -115,8 +169,33 @@ def _check_run_result(value: Any) -> None:
         raise ValueError(f"holds a {type(value).__name__}, not a run result")
 
 
+def _run_validator(job: Any, attack: bool) -> Callable[[Any], None]:
+    """Checks a cached run result: readable, and computed by the plugin code loaded now.
+
+    The result stores `code`, the digests of its plugins' code (`fedbench.sources.code_digests`);
+    one that differs from the code loaded now raises StaleEntry naming the plugins that changed. An
+    entry written before digests were stored has none and is served as before.
+    """
+    spec = getattr(job, "spec", None)
+
+    def validate(value: Any) -> None:
+        _check_run_result(value)
+        stored = value.get("code")
+        if spec is None or not isinstance(stored, dict):
+            return
+        from fedbench.sources import code_digests
+
+        now = code_digests(spec, attack)
+        changed = [f"{kind} '{getattr(spec, kind).name}'" for kind in now if stored.get(kind) != now[kind]]
+        if changed:
+            raise StaleEntry(f"the code of {', '.join(changed)} changed since it was computed")
+
+    return validate
+
+
 class CacheWarning(UserWarning):
-    """A cache entry that could not be read and was recomputed."""
+    """A run's warning line: a cache entry that was corrupted or stale and was recomputed, or a metric
+    that could not be computed (LPIPS without its weights), stated once."""
 
 
 # zlib level 3: its checksum makes corruption detectable; run results are small, so it costs little.
@@ -148,7 +227,8 @@ class RunCache:
         if self.location is not None:
             from joblib import Memory
 
-            private_dir(self.location)
+            open_cache_dir(self.location)  # refuses a folder fedbench did not create (nothing written)
+            private_dir(self.location / JOBLIB_DIR)  # the pickles stay private even in an adopted folder
             self._memory = Memory(str(self.location), verbose=0, compress=_COMPRESS)
             self._utility = self._memory.cache(_utility_entry, ignore=["job"])
             self._attack = self._memory.cache(_attack_entry, ignore=["job"])
@@ -166,7 +246,8 @@ class RunCache:
         if self.force:
             return func.call(key, job)[0], False
         what = func.func.__name__.strip("_").replace("_entry", "")
-        return _load_or_compute(func, (key, job), what, key, self._warnings, _check_run_result)
+        validate = _run_validator(job, attack=what == "attack")
+        return _load_or_compute(func, (key, job), what, key, self._warnings, validate)
 
     def take_warnings(self) -> list[str]:
         """Warnings (corrupted entries recomputed) since the last call; each is reported once."""
@@ -189,22 +270,63 @@ class RunCache:
         return self._memory is not None and not self.force and self._attack.check_call_in_cache(key, None)
 
     def info(self) -> CacheInfo:
-        if self.location is None or not self.location.exists():
-            return CacheInfo(str(self.location), 0, 0, 0)
-        size = sum(p.stat().st_size for p in self.location.rglob("*") if p.is_file())
+        return cache_info(self.location) if self.location is not None else CacheInfo("None", 0, 0, 0)
 
-        def entries(name: str) -> int:
-            found = list(self.location.rglob(name))
-            return sum(1 for d in found[0].iterdir() if d.is_dir()) if found else 0
+    def clear(self) -> list[str]:
+        """Delete every cached run; see `clear_cache`."""
+        return clear_cache(self.location) if self.location is not None else []
 
-        return CacheInfo(str(self.location), entries("_utility_entry"), entries("_attack_entry"), size)
 
-    def clear(self) -> None:
-        """Delete every cached run (the directory itself is kept, private)."""
-        if self.location is None or not self.location.exists():
-            return
-        for child in self.location.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+def _store(location: Path) -> Path:
+    """Where fedbench's joblib.Memory keeps its entries: `<location>/joblib/fedbench`."""
+    return location / JOBLIB_DIR / "fedbench"
+
+
+def cache_info(location: str | Path) -> CacheInfo:
+    """What the cache at `location` holds; reads only (writes no marker, changes no permission).
+
+    A missing or empty folder holds nothing; a folder that is not a fedbench cache raises NotACacheError.
+    """
+    location = Path(location)
+    if not location.exists() or (location.is_dir() and not any(location.iterdir())):
+        return CacheInfo(str(location), 0, 0, 0)
+    if not is_cache_dir(location):
+        raise not_a_cache(location)
+    owned = [_store(location), location / DATA_DIR]
+    size = sum(p.stat().st_size for root in owned if root.exists() for p in root.rglob("*") if p.is_file())
+
+    def entries(name: str) -> int:
+        folder = _store(location) / "cache" / name
+        return sum(1 for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else 0
+
+    return CacheInfo(str(location), entries("_utility_entry"), entries("_attack_entry"), size)
+
+
+def clear_cache(location: str | Path) -> list[str]:
+    """Delete fedbench's entries in the cache at `location`: the run and artifact store
+    (`joblib/fedbench`) and the prepared datasets (fedbench's `data/*.npz`). Everything else stays: the
+    marker, joblib's `.gitignore`, and any file fedbench did not write (their names are returned).
+
+    A folder that is neither a fedbench cache nor empty raises NotACacheError and nothing is deleted.
+    """
+    location = Path(location)
+    if not location.exists() or (location.is_dir() and not any(location.iterdir())):
+        return []
+    if not is_cache_dir(location):
+        raise not_a_cache(location)
+    open_cache_dir(location)  # an older fedbench's cache gets its marker: it stays a cache once emptied
+    store, data = _store(location), location / DATA_DIR
+    if store.exists():
+        shutil.rmtree(store)
+    if data.is_dir():
+        for p in data.iterdir():
+            if p.is_file() and is_data_file(p.name):
+                p.unlink()
+    for folder in (location / JOBLIB_DIR, data):  # removed when nothing else is left in them
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+    ours = {location / CACHE_MARKER, location / ".gitignore"}
+    files = sorted(p for p in location.rglob("*") if p.is_file() and p not in ours)
+    return [str(p.relative_to(location)) for p in files]

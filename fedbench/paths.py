@@ -6,7 +6,11 @@ Read at call time, never at import time, so tests and the CLI can set the enviro
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
+
+from fedbench.errors import FedbenchError
 
 
 def default_cache_dir() -> Path:
@@ -26,10 +30,130 @@ def default_data_root() -> Path | None:
 
 
 def private_dir(path: Path) -> Path:
-    """Create `path` (and parents) readable only by the user: the cache holds pickles."""
-    path.mkdir(parents=True, exist_ok=True)
+    """`path`, created (with its parents) when missing; a folder fedbench creates is readable only by the
+    user (0700: the cache holds pickles). An existing folder is used as it is: its permissions are the
+    owner's choice and are never changed."""
     try:
-        os.chmod(path, 0o700)
+        path.mkdir(parents=True, exist_ok=False, mode=0o700)
+    except FileExistsError:
+        return path
+    try:
+        os.chmod(path, 0o700)  # mkdir's mode is reduced by the umask
     except OSError:
         pass
     return path
+
+
+# ------------------------------------------------------------------------------------ cache marker
+#
+# A fedbench cache directory is identified by a marker file, a CACHEDIR.TAG (https://bford.info/cachedir/,
+# which backup tools skip) whose text names fedbench. fedbench writes it when it creates a cache directory
+# or adopts an empty one, and only ever deletes inside a directory that holds it (or that has exactly the
+# layout older fedbench versions left, see `_legacy_layout`). A non-empty directory without it is refused:
+# pointing --cache-dir at a checkout or a home folder must never let `cache clear` delete it.
+
+CACHE_MARKER = "CACHEDIR.TAG"
+_MARKER_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
+_MARKER_TEXT = (
+    f"{_MARKER_SIGNATURE}\n"
+    "# This directory is a fedbench run cache (https://bford.info/cachedir/).\n"
+    "# `fedbench cache clear` deletes only the entries fedbench wrote here (joblib/fedbench, data/*.npz).\n"
+)
+# What fedbench writes inside a cache directory: joblib's store, joblib's .gitignore, prepared datasets.
+JOBLIB_DIR = "joblib"
+DATA_DIR = "data"
+_JOBLIB_GITIGNORE = "# Created by joblib automatically.\n*\n"
+# Files fedbench writes in data/: `mnist5k-v1.npz`, `<key>-<size>-<16 hex>.npz`, and the temporary
+# name of an interrupted atomic write (`<name>.npz.<random>.tmp`).
+_DATA_FILE = re.compile(r"^(mnist5k-v\d+|[a-z0-9_-]+-\d+-[0-9a-f]{16})\.npz(\.[A-Za-z0-9_]+\.tmp)?$")
+
+
+class NotACacheError(FedbenchError):
+    """A --cache-dir that holds files fedbench did not write."""
+
+
+def has_marker(path: Path) -> bool:
+    """Whether `path` holds fedbench's CACHEDIR.TAG."""
+    try:
+        text = (path / CACHE_MARKER).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return text.startswith(_MARKER_SIGNATURE) and "fedbench" in text
+
+
+def is_data_file(name: str) -> bool:
+    """Whether a file name in `<cache>/data` is one fedbench writes there."""
+    return bool(_DATA_FILE.match(name))
+
+
+def _legacy_layout(path: Path) -> bool:
+    """A cache written by fedbench before the marker existed: nothing but joblib's `.gitignore` (its exact
+    text), `joblib/` holding only `fedbench/cache/<fedbench's cached functions>`, and `data/` holding only
+    fedbench's dataset files; at least one of joblib/fedbench or a data file must be there."""
+    try:
+        entries = {p.name: p for p in path.iterdir()}
+        if not entries or not set(entries) <= {".gitignore", JOBLIB_DIR, DATA_DIR}:
+            return False
+        if ".gitignore" in entries and not (
+            entries[".gitignore"].is_file() and entries[".gitignore"].read_text() == _JOBLIB_GITIGNORE
+        ):
+            return False
+        found = False
+        if JOBLIB_DIR in entries:
+            store = entries[JOBLIB_DIR]
+            if not store.is_dir() or {p.name for p in store.iterdir()} - {"fedbench"}:
+                return False
+            if (store / "fedbench").exists():
+                if {p.name for p in (store / "fedbench").iterdir()} - {"cache"}:
+                    return False
+                found = True
+        if DATA_DIR in entries:
+            data = entries[DATA_DIR]
+            if not data.is_dir() or not all(p.is_file() and is_data_file(p.name) for p in data.iterdir()):
+                return False
+            found = found or any(data.iterdir())
+        return found
+    except OSError:
+        return False
+
+
+def is_cache_dir(path: Path) -> bool:
+    """Whether `path` is a fedbench cache: it holds the marker, or exactly an older fedbench's layout."""
+    return path.is_dir() and (has_marker(path) or _legacy_layout(path))
+
+
+def not_a_cache(path: Path) -> NotACacheError:
+    return NotACacheError(
+        f"cache directory {path} is not a fedbench cache (it holds files fedbench did not write and no "
+        f"fedbench {CACHE_MARKER}); nothing was changed: pass a new or empty folder, e.g. --cache-dir "
+        f"{path / 'fedbench-cache'}"
+    )
+
+
+def open_cache_dir(path: Path) -> Path:
+    """`path` ready to hold fedbench's cache: created (0700) with its marker when missing, adopted (the
+    marker written, its permissions untouched) when it is empty or an older fedbench cache, used as it is
+    when it holds the marker. Any other folder raises `NotACacheError` before anything is written."""
+    if path.exists() and not path.is_dir():
+        raise NotACacheError(f"cache directory {path} is a file; pass a folder with --cache-dir")
+    if not path.exists():
+        private_dir(path)
+    elif has_marker(path):
+        return path
+    elif any(path.iterdir()) and not _legacy_layout(path):
+        raise not_a_cache(path)
+    _write_marker(path)
+    return path
+
+
+def _write_marker(path: Path) -> None:
+    try:
+        fd = os.open(path / CACHE_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # another fedbench process adopted it first (and may still be writing it)
+        for _ in range(50):
+            if has_marker(path):
+                return
+            time.sleep(0.01)
+        raise not_a_cache(path) from None
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(_MARKER_TEXT)

@@ -39,6 +39,7 @@ from fedbench.cache import RunCache
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.params import params_to_dict
 from fedbench.results import SCENARIO_PREFIX
+from fedbench.sources import code_digests
 from fedbench.spec import RunSpec, canonical_json, training_scenario
 
 
@@ -142,6 +143,7 @@ def compute_utility(job: Job) -> dict[str, Any]:
         "n_train": len(sim.y_train),  # what the accountant needs (computed per row, outside the cache)
         "seconds": time.perf_counter() - start,
         "device": device,
+        "code": code_digests(spec, attack=False),  # a cached entry from other plugin code is recomputed
     }
 
 
@@ -160,8 +162,22 @@ def _accounting(spec: RunSpec, utility: dict[str, Any], ctx: RunContext) -> dict
     if n_train is None:
         size = len(_load(spec, ctx).y_train)
         n_train = min(spec.scenario.train_size or size, size)
-    accounting = defense.accounting(training_scenario(spec.scenario), int(n_train))
-    return dataclasses.asdict(accounting) if accounting else None
+    import warnings as pywarnings
+
+    from fedbench.metrics.accounting import AccountingWarning
+
+    with pywarnings.catch_warnings(record=True) as caught:
+        pywarnings.simplefilter("always", AccountingWarning)  # a loose epsilon is said in the row, once
+        accounting = defense.accounting(training_scenario(spec.scenario), int(n_train))
+    notes = []
+    for w in caught:
+        if issubclass(w.category, AccountingWarning):
+            notes.append(str(w.message))
+        else:  # other warnings go where they would have gone
+            pywarnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not accounting:
+        return None
+    return dataclasses.asdict(accounting) | {"warnings": list(dict.fromkeys(notes))}
 
 
 def compute_attack(job: Job) -> dict[str, Any]:
@@ -230,9 +246,11 @@ def compute_attack(job: Job) -> dict[str, Any]:
             "round": obs.round,
             "kind": obs.kind,
             "examples": len(obs.y_true),
+            "defense_hooks": list(obs.defense_hooks),
         },
         "seconds": time.perf_counter() - start,
         "device": device,
+        "code": code_digests(spec, attack=True),  # a cached entry from other plugin code is recomputed
     }
 
 
@@ -364,7 +382,7 @@ def execute(spec: RunSpec, cache: RunCache, ctx: RunContext) -> dict[str, Any]:
         row.update(status="timeout", from_cache=False, reason=f"exceeded the timeout of {ctx.timeout:g} s")
     except Exception as exc:  # a failed run is a row, never a crash of the grid (finished runs are kept)
         row.update(status="failed", from_cache=False, reason=f"{type(exc).__name__}: {exc}"[:500])
-    warnings = cache.take_warnings()
+    warnings = row.pop("_warnings", []) + cache.take_warnings()  # the metrics' notes, then the cache's
     if warnings:
         row["_warnings"] = warnings
     row["seconds"] = time.perf_counter() - start
@@ -397,12 +415,18 @@ def _execute_into(row: dict[str, Any], spec: RunSpec, cache: RunCache, ctx: RunC
             dp_level=acc["level"],
             accountant=acc["accountant"],
         )
+        if acc["warnings"]:
+            row["_warnings"] = [*row.get("_warnings", []), *acc["warnings"]]
     cached = u_cached
     if spec.attack is not None:
         from fedbench.metrics import attack_metrics
 
         result, a_cached = cache.attack(attack_key, job)
-        row.update(attack_metrics(spec.attack.instantiate(), result))
+        metrics = attack_metrics(spec.attack.instantiate(), result)
+        notes = metrics.pop("_warnings", [])  # e.g. why LPIPS is empty, stated once per process
+        row.update(metrics)
+        if notes:
+            row["_warnings"] = [*row.get("_warnings", []), *notes]
         row["attack_seconds"] = result["seconds"]
         cached = cached and a_cached
     row.update(status="ok", from_cache=cached, reason="")

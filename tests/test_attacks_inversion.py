@@ -187,9 +187,11 @@ def test_pruning_aware_matching_ignores_pruned_coordinates(digits):
         kk = max(1, int(v.numel() * 0.1))
         thr = v.abs().flatten().topk(kk).values[-1]
         pruned[k] = torch.where(v.abs() >= thr, v, torch.zeros_like(v))
-    on, frac = inv.resolve_pruning("auto", list(pruned.values()))
+    on, frac = inv.resolve_pruning("auto", True, list(pruned.values()))
     assert on and frac > 0.8
-    assert inv.resolve_pruning("auto", list(obs.shared.values()))[0] is False
+    # auto follows the defense's declaration, never the zeros alone
+    assert inv.resolve_pruning("auto", False, list(pruned.values()))[0] is False
+    assert inv.resolve_pruning("on", False, list(obs.shared.values()))[0] is True
     model = inv.prepare_model(lenet(), obs.global_state, "train", CPU)
     x = torch.randn(1, 1, 1, 8, 8)
     y = torch.zeros(1, 1, dtype=torch.long)
@@ -202,7 +204,10 @@ def test_pruning_aware_matching_ignores_pruned_coordinates(digits):
         ]
         assert torch.allclose(m_on.match(g), m_on.match(g2), rtol=1e-5, atol=1e-7)
         assert not torch.allclose(m_off.match(g), m_off.match(g2), rtol=1e-3)
-    out = run(InvertingGradients({"iterations": 10}), Observation(**{**obs.__dict__, "shared": pruned}))
+    out = run(
+        InvertingGradients({"iterations": 10}),
+        Observation(**{**obs.__dict__, "shared": pruned, "sparsified": True}),
+    )
     assert out.extra["pruning_aware"] is True
 
 

@@ -393,3 +393,101 @@ def test_best_matching_reuses_a_candidate_and_dominates_one_to_one():
     assert best.psnr[0] == 100.0  # capped
     with pytest.raises(ValueError, match="matching"):
         score_reconstruction(t, r, matching="greedy")
+
+
+# ------------------------------------------------------------------------ LPIPS and ST-LPIPS in runs
+
+
+def _tiny_attack_run(tmp_path, tag):
+    """A tiny DLG + IG grid through the CLI (smoke preset on digits); its results frame and output."""
+    from typer.testing import CliRunner
+
+    from fedbench.cli import app
+    from fedbench.results import newest_results, read_results
+
+    sets = ("rounds=1", "clients=2", "local_steps=1", "batch_size=2", "train_size=40", "test_size=20")
+    args = ["run", "smoke", "-D", "none", "-a", "dlg[iterations=2]", "-a", "ig[iterations=2]"]
+    args += [a for s in sets for a in ("--set", f"scenario.{s}")]
+    out = tmp_path / f"o-{tag}"
+    res = CliRunner().invoke(
+        app, [*args, "--threads", "1", "-o", str(out), "--cache-dir", str(tmp_path / "c")]
+    )
+    assert res.exit_code == 0, res.output
+    return read_results(newest_results(out)), res.output
+
+
+@pytest.fixture
+def offline_lpips(monkeypatch, tmp_path):
+    """A private torch hub folder, fresh LPIPS state, and any network access an error."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(torch.hub, "_hub_dir", None)
+    for name in ("_cache", "_failed"):
+        monkeypatch.setattr(lpips_metric, name, {})
+    monkeypatch.setattr(lpips_metric, "_stated", set())
+
+    def no_network(*a, **k):
+        raise AssertionError("no network access allowed")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_network)
+
+
+def test_a_run_fills_the_lpips_column_when_the_backbone_weights_are_present(offline_lpips, tmp_path):
+    from fedbench._compat import import_torchvision
+
+    tv = import_torchvision()
+    # a stand-in for the ImageNet file: the trunk's keys and shapes (all LPIPS reads), random values
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in tv.models.alexnet(weights=None).features.state_dict().items()}
+    torch.manual_seed(0)
+    path = lpips_metric.backbone_path("alex")
+    os.makedirs(os.path.dirname(path))
+    torch.save({f"features.{k}": torch.randn(shape) * 0.05 for k, shape in shapes.items()}, path)
+    frame, output = _tiny_attack_run(tmp_path, "with")
+    assert len(frame) == 2
+    assert set(frame["attack"]) == {"dlg[iterations=2]", "inverting-gradients[iterations=2]"}
+    assert np.isfinite(frame["lpips"]).all() and np.isfinite(frame["lpips_worst"]).all()
+    assert (frame["lpips"] >= 0).all() and "LPIPS unavailable" not in output
+
+    # the attack results come from the cache and the metric is recomputed outside it: the same values
+    again, _ = _tiny_attack_run(tmp_path, "again")
+    assert again["from_cache"].all()
+    np.testing.assert_allclose(again["lpips"], frame["lpips"])
+
+
+def test_without_backbone_weights_lpips_is_empty_and_the_reason_stated_once(offline_lpips, tmp_path):
+    frame, output = _tiny_attack_run(tmp_path, "without")
+    assert len(frame) == 2 and frame["lpips"].isna().all()
+    assert frame["psnr"].notna().all()
+    assert output.count("warning: LPIPS unavailable: backbone weights alexnet-owt-7be5be79.pth not in") == 1
+
+
+def test_a_weights_file_that_does_not_load_leaves_lpips_empty_with_its_reason(offline_lpips, tmp_path):
+    path = lpips_metric.backbone_path("alex")
+    os.makedirs(os.path.dirname(path))
+    torch.save({"features.0.weight": torch.zeros(1)}, path)
+    fn, reason = lpips_metric.run_lpips()
+    assert fn is None and reason.startswith(f"LPIPS unavailable: backbone weights {path} do not load")
+    assert lpips_metric.state_once(reason) == reason and lpips_metric.state_once(reason) is None
+
+
+@pytest.mark.skipif(not lpips_metric.stlpips_installed(), reason="optional extra 'stlpips' not installed")
+def test_st_lpips_is_its_own_column_from_the_shipped_weights(monkeypatch, tmp_path):
+    monkeypatch.setattr(lpips_metric, "_st_cache", {})
+
+    def no_network(*a, **k):
+        raise AssertionError("no network access allowed")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_network)
+    fn, reason = lpips_metric.run_st_lpips()
+    assert fn is not None and reason is None
+    t = _digits(3)
+    d = fn(t, _noisy(t, 0.2, 0))
+    assert d.shape == (3,) and np.all(np.isfinite(d)) and np.all(d > 0)
+    np.testing.assert_allclose(fn(t, t), 0.0, atol=1e-6)
+    s = score_reconstruction(t, _noisy(t, 0.2, 0), st_lpips_fn=fn)
+    assert s.summary()["st_lpips"] == pytest.approx(d.mean()) and s.summary()["lpips"] is None
+    assert "st_lpips" in s.per_image()
+    frame, _ = _tiny_attack_run(tmp_path, "st")
+    assert np.isfinite(frame["st_lpips"]).all() and np.isfinite(frame["st_lpips_worst"]).all()

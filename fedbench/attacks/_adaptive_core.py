@@ -3,8 +3,9 @@
 - `run_loda_adaptive`: Inverting Gradients recovers the obscured image x' from the gradient, then the
   stationary-point inversion of LODA (Eq. 6) with the defense's feature extractor g recovers x*.
 - `run_mixup_decode`: Carlini et al.'s decoding with GradAttack's oracle mapping. The attacker pools
-  the encodings behind `pool` training iterations (batch 1): the observed one, plus the encodings that
-  share images with it, whose gradients at the observed global state it inverts the same way (the
+  the encodings behind `pool` training iterations (batch 1): the observed one, plus the encodings of
+  the observed round's draws (every local epoch's, when the defense redraws per epoch) that share
+  images with it, whose gradients at the observed global state it inverts the same way (the
   gradients it would observe in those iterations, emulated at one model state). It then solves Eq. 3,
   min_P ||abs(M norm(P)) - abs(E^)||^2 (abs only for InstaHide) + reg * mean(1 - |2P - 1|) over the
   private images P in [0, 1] with Adam, and returns the decoded largest-weight component of every
@@ -165,7 +166,8 @@ def run_mixup_decode(
         raise RunFailure(reason)
     p = attack.params
     device = torch.device(device) if device is not None else torch.device("cpu")
-    mixing = defense.mixing(observation.client)
+    # the oracle mapping of the observed round's draws (every local epoch's, in the rows' order)
+    mixing = defense.mixing(observation.client, observation.round)
     signed = mixing.signs is not None
     model = prepare_model(model, observation.global_state, observation.model_mode, device)
     lo, hi = box_bounds(meta, int(meta.input_shape[0]), device)

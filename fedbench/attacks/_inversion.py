@@ -44,9 +44,6 @@ from fedbench.errors import RunFailure
 
 Cost = Literal["l2", "cosine"]
 
-#: Fraction of exactly-zero observed entries above which `pruning_aware='auto'` switches masking on.
-AUTO_PRUNING_ZERO_FRACTION = 0.25
-
 
 # ------------------------------------------------------------------------------------- image space
 
@@ -133,8 +130,15 @@ def layer_weights(n: int, scheme: str) -> list[float]:
     return [float(v) for v in w]
 
 
-def resolve_pruning(mode: str | bool, targets: list[torch.Tensor]) -> tuple[bool, float]:
-    """Whether to match only the observed non-zero entries, and the observed zero fraction."""
+def resolve_pruning(mode: str | bool, sparsified: bool, targets: list[torch.Tensor]) -> tuple[bool, float]:
+    """Whether to match only the observed non-zero entries, and the observed zero fraction.
+
+    `auto` is on exactly when a defense that zeroes entries acted on the observation
+    (`Observation.sparsified`, declared by the defense): the pruning-adaptive objective of spec 001
+    §2.2. Exact zeros alone do not switch it on: an undefended ReLU network's gradient has many (a
+    third of a ConvNet's entries), and masking them would change DLG's and IG's objective from the
+    papers' on undefended models.
+    """
     total = sum(t.numel() for t in targets)
     zeros = sum(int((t == 0).sum()) for t in targets)
     frac = zeros / max(total, 1)
@@ -144,7 +148,20 @@ def resolve_pruning(mode: str | bool, targets: list[torch.Tensor]) -> tuple[bool
         return True, frac
     if mode == "off":
         return False, frac
-    return frac >= AUTO_PRUNING_ZERO_FRACTION, frac
+    return bool(sparsified), frac
+
+
+def update_as_gradient(kind: str, local_steps: int) -> str | None:
+    """The row's note on how an update was matched, or None when a gradient was observed as is.
+
+    A FedAvg weight delta is matched as one equivalent gradient -delta/(lr*local_steps): exact for one
+    local step, an approximation for more (the local trajectory is not simulated).
+    """
+    if kind != "delta":
+        return None
+    steps = max(int(local_steps), 1)
+    exactness = "exact" if steps == 1 else "approximate"
+    return f"-delta/(lr*{steps}): {exactness}, {steps} local step{'s' if steps > 1 else ''}"
 
 
 class GradientMatcher:
@@ -606,7 +623,8 @@ def run_inversion(
         generator=generator,
         device=device,
     )
-    prune, zero_frac = resolve_pruning(p.pruning_aware, list(target.values()))
+    sparsified = bool(getattr(observation, "sparsified", False))
+    prune, zero_frac = resolve_pruning(p.pruning_aware, sparsified, list(target.values()))
     matcher = GradientMatcher(
         model,
         target,
@@ -666,9 +684,13 @@ def run_inversion(
         "observation_kind": observation.kind,
         "observation_note": note,
         "pruning_aware": bool(prune),
+        "observation_sparsified": sparsified,
         "observed_zero_fraction": round(float(zero_frac), 6),
         "matched_tensors": len(matcher.names),
     }
+    as_gradient = update_as_gradient(observation.kind, observation.local_steps)
+    if as_gradient is not None:
+        extra["update_as_gradient"] = as_gradient
     if cfg.get("success_threshold") is not None:
         its = rec.iterations_to_success[best]
         extra["success_threshold"] = float(cfg["success_threshold"])

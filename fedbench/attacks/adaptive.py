@@ -43,7 +43,7 @@ class _DefenseAware(InvertingGradients):
 class LodaAdaptive(_DefenseAware):
     """GLA then LODA's stationary-point inversion (Eq. 6) with the defense's feature extractor."""
 
-    version = "1"
+    version = "2"  # 2: its GLA's pruning_aware=auto follows the defense, not the observed zeros
     paper = Paper(
         "wan2022loda",
         "Defense Against Gradient Leakage Attacks via Learning to Obscure Data (adaptive attack, §4.2)",
@@ -72,7 +72,7 @@ class LodaAdaptive(_DefenseAware):
 class MixupDecode(_DefenseAware):
     """GLA on pooled iterations, then Carlini et al.'s decoding of MixUp/InstaHide (oracle mapping)."""
 
-    version = "2"
+    version = "3"  # 3: its GLA's pruning_aware=auto follows the defense, not the observed zeros
     paper = Paper(
         "carlini2020instahide",
         "An Attack on InstaHide: Is Private Learning Possible with Instance Encoding?",

@@ -32,7 +32,7 @@ _LABELS_HELP = (
 )
 _PRUNE_HELP = (
     "match only the observed non-zero entries (pruning-adaptive, spec 001 §2.2); auto = on "
-    "when >= 25% of the observed entries are exactly zero"
+    "when a pruning or sparsifying defense acted on the observation"
 )
 
 
@@ -40,7 +40,7 @@ _PRUNE_HELP = (
 class DLG(InversionAttack):
     """Deep Leakage from Gradients: L2 gradient matching, joint image+label L-BFGS."""
 
-    version = "2"
+    version = "3"  # 3: pruning_aware=auto follows the defense, not the observed zeros
     paper = Paper("zhu2019dlg", "Deep Leakage from Gradients", "https://arxiv.org/abs/1906.08935")
 
     @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class DLG(InversionAttack):
 class IDLG(DLG):
     """Improved DLG: analytic label from the last layer's gradient, then L2 matching with L-BFGS."""
 
-    version = "2"
+    version = "3"
     paper = Paper(
         "zhao2020idlg", "iDLG: Improved Deep Leakage from Gradients", "https://arxiv.org/abs/2001.02610"
     )
@@ -97,7 +97,7 @@ class IDLG(DLG):
 class CPL(DLG):
     """CPL gradient leakage (Fed-CDP's attack): patterned init, iDLG label, L-BFGS, success threshold."""
 
-    version = "2"
+    version = "3"
     paper = Paper(
         "wei2020cpl",
         "A Framework for Evaluating Client Privacy Leakages in Federated Learning",

@@ -35,7 +35,7 @@ def auto_tv_weight(channels: int) -> float:
 class InvertingGradients(InversionAttack):
     """Inverting Gradients: cosine gradient matching + TV, signed Adam, boxed, restarts."""
 
-    version = "1"
+    version = "2"  # 2: pruning_aware=auto follows the defense, not the observed zeros
     paper = Paper(
         "geiping2020inverting",
         "Inverting Gradients - How easy is it to break privacy in federated learning?",

@@ -24,13 +24,13 @@ def info(cache_dir: Path = typer.Option(None, "--cache-dir", help=CACHE_HELP)) -
 
       fedbench cache info --cache-dir /tmp/fb-cache
     """
-    from fedbench.cache import RunCache
+    from fedbench.cache import cache_info
 
     location = cache_dir_option(cache_dir)
+    info = cache_info(location)  # reads only: no marker written, no permission changed
     if not location.exists():
-        out.print(f"cache: {location} (empty)")
+        out.print(f"cache: {location} (empty)", highlight=False)
         return
-    info = RunCache(location).info()
     out.print(
         f"cache: {info.location}\nutility runs: {info.utility_entries}\n"
         f"attack runs: {info.attack_entries}\nsize: {info.size_bytes / 1e6:.1f} MB",
@@ -44,20 +44,32 @@ def clear(
     cache_dir: Path = typer.Option(None, "--cache-dir", help=CACHE_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
-    """Delete every cached run.
+    """Delete every cached run (only what fedbench wrote; a folder that is not a fedbench cache is refused).
+
+    The folder must hold fedbench's CACHEDIR.TAG marker (written when fedbench creates or adopts a cache
+    folder) or exactly an older fedbench cache's layout; any other folder is refused with nothing deleted.
+    Inside a cache, files fedbench did not write are kept and listed.
 
     Examples:
 
       fedbench cache clear --yes
+
+      fedbench cache clear --yes --cache-dir /tmp/fb-cache
     """
-    from fedbench.cache import RunCache
+    from fedbench.cache import clear_cache
+    from fedbench.paths import is_cache_dir, not_a_cache
 
     location = cache_dir_option(cache_dir)
-    if not location.exists():
-        out.print(f"cache: {location} (already empty)")
+    if not location.exists() or (location.is_dir() and not any(location.iterdir())):
+        out.print(f"cache: {location} (already empty)", highlight=False)
         return
+    if not is_cache_dir(location):
+        raise not_a_cache(location)  # refused before asking: nothing would be deleted
     if not yes and not typer.confirm(f"delete all cached runs in {location}?"):
         err.print("nothing deleted")
         raise typer.Exit(1)
-    RunCache(location).clear()
-    out.print(f"cleared {location}")
+    kept = clear_cache(location)
+    out.print(f"cleared {location}", highlight=False)
+    if kept:
+        shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
+        err.print(f"kept {len(kept)} file(s) fedbench did not write: {shown}", highlight=False)

@@ -225,6 +225,7 @@ def _run_with_progress(grid, ctx, cache, output, n_jobs, counts, fail_fast=False
     ]
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task(grid.name, total=len(grid.specs), status="")
+        stated: set[str] = set()
 
         def on_event(event):
             counts[event.status] += 1
@@ -236,7 +237,9 @@ def _run_with_progress(grid, ctx, cache, output, n_jobs, counts, fail_fast=False
                     f"{event.status}: {event.spec.describe()}: {event.row.get('reason')}", highlight=False
                 )
             for message in event.row.get("_warnings", ()):
-                progress.console.print(f"warning: {message}", highlight=False)
+                if message not in stated:  # e.g. "LPIPS unavailable", stated once by each worker process
+                    stated.add(message)
+                    progress.console.print(f"warning: {message}", highlight=False)
 
         return execute_grid(
             grid, ctx, cache, output, n_jobs=n_jobs, on_event=on_event, command=command, fail_fast=fail_fast

@@ -136,10 +136,11 @@ def _labels(a: np.ndarray) -> torch.Tensor:
 
 
 def data_cache_dir() -> Path:
-    """`<cache dir>/data`, created private to the user."""
-    from fedbench.paths import default_cache_dir, private_dir
+    """`<cache dir>/data`, created private to the user (the cache dir is opened, or refused, like the
+    run cache's: see `fedbench.paths.open_cache_dir`)."""
+    from fedbench.paths import DATA_DIR, default_cache_dir, open_cache_dir, private_dir
 
-    return private_dir(default_cache_dir() / "data")
+    return private_dir(open_cache_dir(default_cache_dir()) / DATA_DIR)
 
 
 def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:

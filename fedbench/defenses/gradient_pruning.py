@@ -3,9 +3,12 @@
 At every local step, per parameter tensor, thr = quantile(|g|, p) and the entries with |g| < thr are
 set to 0 (the reference code, GradAttack's `prune`): a per-tensor *pruning fraction* with an
 interpolated quantile, distinct from `sparsification`, which keeps a top-k *fraction* of the update
-(per tensor or global) once per round. Under FedSGD the shared gradient is the pruned step gradient;
-the gradient-inversion attacks detect the zeros and match only the unpruned entries
-(`pruning_aware=auto`, spec §2.2).
+(per tensor or global) once per round. Under FedSGD the shared gradient is the pruned step gradient.
+The engine applies the `step` hook before every observation point (docs/threat-model.md): the
+`example` observation LODA's presets attack is the example's gradient pruned as a batch of one
+(version 2; version 1 was observed before pruning, so its rows equalled no defense). The defense
+declares that it zeroes entries (`sparsifies`), and the gradient-inversion attacks then match only
+the unpruned entries (`pruning_aware=auto`, spec §2.2).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def prune_smallest(t, p: float):
 class GradientPruning(Defense):
     """Zero the smallest-magnitude fraction p of every gradient tensor at every local step."""
 
-    version = "1"
+    version = "2"
+    sparsifies = ("step",)
     paper = Paper("zhu2019dlg", "Deep Leakage from Gradients", "https://arxiv.org/abs/1906.08935")
 
     @dataclass(frozen=True)

@@ -1,26 +1,38 @@
 """MixUp and InstaHide as input encodings (spec 001 §4; Zhang et al. 2018, Huang et al. 2020).
 
-Each private image x_i is replaced, once per client before training (`prepare_data`), by
-`encodings` encodings  x~ = sum_j lambda_j x_{s_j}  of k images: x_i itself (s_0 = i) and k - 1
-distinct other images of the client's data, with (lambda_0, ..., lambda_{k-1}) ~ Dirichlet(3, 1, ..., 1)
-rejection-sampled until max lambda <= 0.65 (GradAttack's sampler; the paper leaves it open). Several
-encodings per image stand in for GradAttack's fresh mapping per epoch. Mixing happens on the
-normalised images (the same as mixing pixels, the coefficients sum to 1). InstaHide then multiplies
-every pixel of the mixture by an independent random sign (the sigma of Eq. 2).
+Each private image x_i is replaced by `encodings` encodings  x~ = sum_j lambda_j x_{s_j}  of k images:
+x_i itself (s_0 = i) and k - 1 distinct other images of the client's data, with
+(lambda_0, ..., lambda_{k-1}) ~ Dirichlet(3, 1, ..., 1) rejection-sampled until max lambda <= 0.65
+(GradAttack's sampler; the paper leaves it open). Mixing happens on the normalised images (the same
+as mixing pixels, the coefficients sum to 1). InstaHide then multiplies every pixel (every channel
+value) of the normalised mixture by an independent random sign (the sigma of Eq. 2), as both
+reference implementations do: `mixed_x *= sign` after mixing the normalised inputs
+(Hazelsuko07/InstaHide `mixup_data`, GradAttack `instahide_batch`).
+
+The mixing (partners, coefficients) and the sign masks are drawn afresh every local epoch of every
+round (`redraw="epoch"`, the default): InstaHide's "one-time secret key", regenerated at every epoch
+by both references (`generate_sample` per epoch; GradAttack's `regenerate_mappings` on every epoch
+start). `redraw="once"` draws them once per client before training and reuses them every epoch (the
+behaviour of fedbench's version 1): the model then sees the same fixed mixtures throughout, which
+costs accuracy once training runs for many epochs. `encodings` > 1 gives every image several fresh
+encodings per epoch: InstaHide's sign-flipped inputs need many more of them than plain training
+needs epochs (the references train for 200 epochs).
 
 The label of an encoding is the label of its largest-weight component (a hard label; GradAttack mixes
 one-hot labels, which fedbench's integer-label attacks and metrics cannot carry), and that component
 is the private image a reconstruction is compared with (the paper's protocol without the adaptive
-attack). Both defenses keep the mapping and coefficients per client (`mixing(client)`): the oracle
-knowledge GradAttack grants its decoding attack (`mixup-decode`, spec §2.3).
+attack). Both defenses keep the mapping and coefficients of each client's latest round
+(`mixing(client, round)`, every epoch's draw in epoch order, the rows the engine's observations index):
+the oracle knowledge GradAttack grants its decoding attack (`mixup-decode`, spec §2.3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fedbench.api import Defense, HookContext, Paper
+from fedbench.errors import FedbenchError
 from fedbench.params import param
 from fedbench.registry import register_defense
 
@@ -78,12 +90,28 @@ class Mixing:
     encoded: Any
     labels: Any
 
+    @staticmethod
+    def concat(draws: list[Mixing]) -> Mixing:
+        """Several draws (epochs) as one, rows one draw after the other (the engine's row order)."""
+        import torch
+
+        if len(draws) == 1:
+            return draws[0]
+        signs = None if draws[0].signs is None else torch.cat([d.signs for d in draws])
+        return Mixing(
+            torch.cat([d.components for d in draws]),
+            torch.cat([d.coefficients for d in draws]),
+            signs,
+            torch.cat([d.encoded for d in draws]),
+            torch.cat([d.labels for d in draws]),
+        )
+
 
 @register_defense("mixup")
 class MixUp(Defense):
     """MixUp as an encoding: train on convex mixtures of k private images (Dirichlet(3,1,..) weights)."""
 
-    version = "1"
+    version = "2"
     paper = Paper(
         "zhang2018mixup", "mixup: Beyond Empirical Risk Minimization", "https://arxiv.org/abs/1710.09412"
     )
@@ -93,13 +121,15 @@ class MixUp(Defense):
     @dataclass(frozen=True)
     class Params:
         k: int = param(4, "images per encoding (LODA: 4, 6)", min=1)
-        encodings: int = param(
-            1, "encodings per private image (fresh mappings, like GradAttack's epochs)", min=1
-        )
+        encodings: int = param(1, "encodings per private image in every draw", min=1)
         alpha_first: float = param(
             3.0, "Dirichlet concentration of the image's own weight", min=0, min_open=True
         )
         max_coef: float = param(0.65, "upper bound on every mixing weight (rejection sampling)", min=0, max=1)
+        redraw: Literal["epoch", "once"] = param(
+            "epoch",
+            "fresh mixings (and sign masks) every local epoch (paper, reference code) or once per client",
+        )
 
         def validate(self) -> str | None:
             if self.max_coef * self.k < 1:
@@ -108,11 +138,24 @@ class MixUp(Defense):
 
     def __init__(self, params: Any = None):
         super().__init__(params)
-        self._mixing: dict[int, Mixing] = {}
+        # client -> (round of the draws, {local epoch: draw}); round -1 for redraw="once"
+        self._mixing: dict[int, tuple[int, dict[int, Mixing]]] = {}
 
-    def mixing(self, client: int) -> Mixing:
-        """The client's encodings (prepared by `prepare_data`)."""
-        return self._mixing[client]
+    def prepares_per_epoch(self) -> bool:
+        return self.params.redraw == "epoch"
+
+    def mixing(self, client: int, round: int | None = None) -> Mixing:
+        """The client's encodings of its latest round (`round`, when given, must be that round), every
+        local epoch's draw one after the other; with redraw="once", its single draw."""
+        if client not in self._mixing:
+            raise FedbenchError(f"{self.name}: client {client} has no encodings yet (it never trained)")
+        held, draws = self._mixing[client]
+        if round is not None and held not in (-1, round):
+            raise FedbenchError(
+                f"{self.name}: client {client}'s encodings of round {round} were replaced by round {held}'s; "
+                "read them right after the observed round (the runner stops the simulation there)"
+            )
+        return Mixing.concat([draws[e] for e in sorted(draws)])
 
     def prepare_data(self, x: Any, y: Any, ctx: HookContext) -> tuple:
         import numpy as np
@@ -127,15 +170,20 @@ class MixUp(Defense):
         comp_t = torch.as_tensor(comp, device=x.device)
         coef_t = torch.as_tensor(coef, dtype=x.dtype, device=x.device)
         shape = (len(comp), p.k) + (1,) * (x.dim() - 1)
-        mixed = (x[comp_t] * coef_t.view(shape)).sum(1)
+        mixed = (x[comp_t] * coef_t.view(shape)).sum(1)  # the normalised images, mixed
         signs = None
-        if self.flip_signs:
+        if self.flip_signs:  # a random sign for every value of the mixture (reference: mixed_x *= sign)
             g = torch.Generator().manual_seed(seed + 1)
             signs = (torch.randint(0, 2, mixed.shape, generator=g) * 2 - 1).to(mixed.dtype).to(x.device)
             mixed = mixed * signs
         dominant = comp_t[torch.arange(len(comp)), coef_t.argmax(1)]
         labels = y[dominant]
-        self._mixing[ctx.client] = Mixing(comp_t.cpu(), coef_t.cpu(), signs, mixed.detach().clone(), labels)
+        draw = Mixing(comp_t.cpu(), coef_t.cpu(), signs, mixed.detach().clone(), labels)
+        held = self._mixing.get(ctx.client)
+        if held is None or held[0] != ctx.round or ctx.epoch == 0:  # a new round: the last one's go
+            held = (ctx.round, {})
+            self._mixing[ctx.client] = held
+        held[1][ctx.epoch] = draw
         return mixed, labels, x[dominant]
 
 

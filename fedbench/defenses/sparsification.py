@@ -36,6 +36,7 @@ class Sparsification(Defense):
     """Share only the largest-magnitude fraction of the update's entries (per tensor by default)."""
 
     paper = Paper("lin2018", "Deep gradient compression", "https://arxiv.org/abs/1712.01887")
+    sparsifies = ("update",)
 
     @dataclass(frozen=True)
     class Params:

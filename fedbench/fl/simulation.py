@@ -13,10 +13,18 @@ Protocols (the message a client shares):
 With one local step on the same batch and server_lr 1 the two give the same model (tested).
 Clients are weighted by their number of examples; buffers (BatchNorm statistics) are averaged.
 
-Observation points and the leakage types of Fed-CDP (spec 002 §1):
-- `example` (type-2): one example's gradient at the first local step of the observed round, after
-  the defense's `per_example` hook (sanitised under Fed-CDP, raw otherwise);
-- `step`: the first local step's batch gradient, after `per_example` and `step`;
+Observation points and the leakage types of Fed-CDP (spec 002 §1). Every defense hook that acts on a
+gradient before the point the threat model names acts on what is observed there (`HOOKS_BEFORE`, the
+table in docs/threat-model.md):
+- `example` (type-2): one example's gradient at the first local step of the observed round, through
+  the client's per-step pipeline as if that example were the batch: the defended `loss` (if any), the
+  `per_example` hook (sanitised under Fed-CDP) and the `step` hook (pruned under gradient pruning,
+  Soteria). At batch size 1 it is the step gradient; it is what LODA's batch-1 attacker inverts;
+- `step`: the first local step's batch gradient, after `loss`, `per_example` and `step`.
+  Neither point sees the `update` hook: it acts on the round's message once local training is done
+  (a weight delta under FedAvg), which does not exist yet at these points, and client-level
+  defenses (Fed-SDP, DP-FedAvg, top-k sparsification of the update) protect what leaves the client,
+  not the local computation (Fed-CDP's point: they leave type-1/type-2 leakage open);
 - `update` (type-1, and type-0 when the defense adds nothing at the server): the client's round
   update as it leaves the client, after the `update` hook;
 - `server` (type-0): the same update as the server holds it, after the server-side `receive` hook
@@ -45,6 +53,20 @@ from fedbench.errors import FedbenchError, RunFailure
 from fedbench.fl.losses import loss_function
 from fedbench.fl.per_example import per_example_grads
 from fedbench.fl.seeding import numpy_rng, torch_generator
+
+#: The defense hooks that act on what the attacker sees at each observation point, in pipeline order.
+#: `prepare_data` replaces the data every gradient is computed on; `loss`, `per_example` and `step` act at
+#: every local step (at `example` on the one example's gradient); `update` on the round's message as it
+#: leaves the client; `receive` at the server on each client's update; `aggregate` on the server's
+#: aggregate. `model` is the global model trained under all of them. docs/threat-model.md is this table.
+HOOKS_BEFORE: dict[str, tuple[str, ...]] = {
+    "example": ("prepare_data", "loss", "per_example", "step"),
+    "step": ("prepare_data", "loss", "per_example", "step"),
+    "update": ("prepare_data", "loss", "per_example", "step", "update"),
+    "server": ("prepare_data", "loss", "per_example", "step", "update", "receive"),
+    "aggregate": ("prepare_data", "loss", "per_example", "step", "update", "receive", "aggregate"),
+    "model": ("prepare_data", "loss", "per_example", "step", "update", "receive", "aggregate"),
+}
 
 
 @dataclass(frozen=True)
@@ -180,6 +202,10 @@ class Simulation:
         self.global_state = _clone_state(self.model)
         self._client_data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._client_source: dict[int, torch.Tensor] = {}
+        # a defense that redraws its encoding every local epoch (InstaHide): the client's draws so far
+        self._per_epoch = defense.implements("prepare_data") and defense.prepares_per_epoch()
+        self._client_draw: dict[int, tuple[int, int, int]] = {}  # client -> (round, epoch, rows per draw)
+        self._observed_draws: dict[int, tuple[Any, Any]] = {}  # client -> (data, source) of its watched round
         self._needs_per_example = defense.implements("per_example")
 
     def run_data(self) -> RunData:
@@ -209,18 +235,57 @@ class Simulation:
             y=y,
         )
 
-    def client_data(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The client's (possibly defense-prepared) local data, prepared once."""
-        if client not in self._client_data:
-            idx = torch.as_tensor(self.client_indices[client], device=self.device)
-            x, y = self.x_train[idx], self.y_train[idx]
-            if self.defense.implements("prepare_data"):
-                prepared = self.defense.prepare_data(x, y, self._ctx(-1, client, 0, "prepare"))
-                x, y = prepared[0], prepared[1]
-                if len(prepared) > 2 and prepared[2] is not None:  # the private input behind each row
-                    self._client_source[client] = prepared[2]
+    def _prepare(self, client: int, ctx: HookContext) -> tuple[Any, Any, Any]:
+        """The client's private data through `prepare_data`: (x, y, source or None)."""
+        idx = torch.as_tensor(self.client_indices[client], device=self.device)
+        x, y = self.x_train[idx], self.y_train[idx]
+        if not self.defense.implements("prepare_data"):
+            return x, y, None
+        prepared = self.defense.prepare_data(x, y, ctx)
+        source = prepared[2] if len(prepared) > 2 else None  # the private input behind each row
+        return prepared[0], prepared[1], source
+
+    def client_data(self, client: int, rnd: int = -1, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's (possibly defense-prepared) local data for local epoch `epoch` of round `rnd`.
+
+        Prepared once; or, when the defense redraws its encoding every epoch (`prepares_per_epoch`),
+        once per (round, epoch), in epoch order. Then `_client_data` holds the draws of the client's
+        latest round one after the other (epoch e at rows e*M..(e+1)*M-1): what `locate` and
+        `Observation.rows` index, like the defense's oracle mapping of that round (the observed round's
+        are kept for `locate` when training goes on past it).
+        """
+        if not self._per_epoch:
+            if client not in self._client_data:
+                x, y, source = self._prepare(client, self._ctx(-1, client, 0, "prepare"))
+                if source is not None:
+                    self._client_source[client] = source
+                self._client_data[client] = (x, y)
+            return self._client_data[client]
+        last = self._client_draw.get(client)
+        first = last[1] + 1 if last is not None and last[0] == rnd else 0  # a new round drops the last's
+        for e in range(first, epoch + 1):
+            ctx = dataclasses.replace(self._ctx(rnd, client, e, "prepare"), step=0, epoch=e)
+            x, y, source = self._prepare(client, ctx)
+            if e:  # a further epoch of the round: appended
+                m = self._client_draw[client][2]
+                if len(y) != m:
+                    raise FedbenchError(
+                        f"defense '{self.defense.name}' prepared {len(y)} rows in epoch {e} and {m} "
+                        "before: a per-epoch draw must keep the number of rows"
+                    )
+                xs, ys = self._client_data[client]
+                x, y = torch.cat([xs, x]), torch.cat([ys, y])
+                if source is not None:
+                    source = torch.cat([self._client_source[client], source])
             self._client_data[client] = (x, y)
-        return self._client_data[client]
+            if source is not None:
+                self._client_source[client] = source
+            self._client_draw[client] = (rnd, e, len(y) if not e else self._client_draw[client][2])
+            if self._watching(rnd, client):
+                self._observed_draws[client] = (self._client_data[client], self._client_source.get(client))
+        m = self._client_draw[client][2]
+        x, y = self._client_data[client]
+        return x[epoch * m : (epoch + 1) * m], y[epoch * m : (epoch + 1) * m]
 
     def locate(self, obs: Observation) -> Observation:
         """`obs` with `rows` (x_true's indices in the client's local data, by exact match) and, when the
@@ -228,7 +293,11 @@ class Simulation:
         """
         if obs.client < 0 or obs.client not in self._client_data or not len(obs.x_true):
             return obs
-        x, _ = self._client_data[obs.client]
+        if obs.client in self._observed_draws:  # the observed round's draws (`client_data`)
+            (x, _), source = self._observed_draws[obs.client]
+        else:
+            x, _ = self._client_data[obs.client]
+            source = self._client_source.get(obs.client)
         flat = x.reshape(len(x), -1)
         rows = []
         for row in obs.x_true.to(x.device).reshape(len(obs.x_true), -1):
@@ -236,7 +305,6 @@ class Simulation:
             if not len(hit):
                 return obs  # not rows of the local data (e.g. an aggregate): nothing to locate
             rows.append(int(hit[0]))
-        source = self._client_source.get(obs.client)
         private = (
             source[torch.as_tensor(rows, device=source.device)].detach().clone()
             if source is not None
@@ -294,12 +362,33 @@ class Simulation:
             raise RunFailure(f"training diverged: non-finite loss in round {ctx.round}, client {ctx.client}")
         return grad, loss, examples
 
+    def _example_gradient(
+        self, examples: dict, x1: torch.Tensor, y1: torch.Tensor, rnd: int, client: int, step: int
+    ) -> dict[str, torch.Tensor]:
+        """The `example` observation: the first example's gradient through the per-step pipeline.
+
+        The hooks act as they would on a batch of that one example (`HOOKS_BEFORE['example']`): the
+        defended `loss` when there is one (its gradient on the one-example batch), else the example's
+        per-example gradient through `per_example`; then `step`. Noise is drawn from the observation's
+        own generator. A stateful hook (FRL's residual and simulated attacker) is called once more than
+        in training; the attack's simulation stops after the observed round, so no training result
+        depends on that extra call.
+        """
+        ctx = self._ctx(rnd, client, step, "example", x1, y1)
+        if self.defense.implements("loss") and not self._needs_per_example:
+            grad, _, _ = self._gradient(x1, y1, ctx, False)
+        else:
+            grad = self.defense.per_example({k: v[:1] for k, v in examples.items()}, ctx)
+        if self.defense.implements("step"):
+            grad = self.defense.step(grad, ctx)
+        return grad
+
     # ------------------------------------------------------------------------------- local training
     def local_update(
         self, client: int, rnd: int, received: dict[str, torch.Tensor]
     ) -> tuple[dict, int, float]:
         """Run one client's round; returns (shared message, number of examples, mean local loss)."""
-        x, y = self.client_data(client)
+        x, y = self.client_data(client, rnd)
         self.model.load_state_dict(received)
         self._set_mode()
         obs = self.observe
@@ -314,17 +403,18 @@ class Simulation:
         losses, seen = [], []
         params = dict(self.model.named_parameters())
         for step in range(steps):
-            if step and step % len(batches) == 0:  # next epoch: a fresh shuffle
-                batches = self._batches(client, rnd, len(y), epoch=step // len(batches))
+            epoch = step // len(batches)
+            if step and step % len(batches) == 0:  # next epoch: a fresh shuffle (and encoding, if redrawn)
+                batches = self._batches(client, rnd, len(y), epoch=epoch)
+                if self._per_epoch:
+                    x, y = self.client_data(client, rnd, epoch)
             idx = batches[step % len(batches)]
-            seen.append(idx)
+            seen.append(idx + epoch * len(y) if self._per_epoch else idx)  # rows of the round's draws
             ctx = self._ctx(rnd, client, step, "step", x[idx], y[idx])
             want_example = watching and obs.point == "example" and step == 0
             grad, loss, examples = self._gradient(x[idx], y[idx], ctx, want_example)
             if want_example:
-                one = {k: v[:1] for k, v in examples.items()}
-                one_ctx = self._ctx(rnd, client, step, "example", x[idx[:1]], y[idx[:1]])
-                leaked = self.defense.per_example(one, one_ctx)
+                leaked = self._example_gradient(examples, x[idx[:1]], y[idx[:1]], rnd, client, step)
                 self._record("example", rnd, client, leaked, "gradient", received, x[idx[:1]], y[idx[:1]])
             if self.defense.implements("step"):
                 grad = self.defense.step(grad, ctx)
@@ -345,11 +435,12 @@ class Simulation:
         _check_finite(shared, f"of client {client}'s update in round {rnd}")
         if watching and obs.point in ("update", "server"):
             used = torch.unique(torch.cat(seen))
+            xr, yr = self._client_data[client]  # every epoch's draw when the defense redraws per epoch
             kind = "gradient" if self.sc.protocol == "fedsgd" else "delta"
             if obs.point == "update":
-                self._record("update", rnd, client, shared, kind, received, x[used], y[used], steps)
+                self._record("update", rnd, client, shared, kind, received, xr[used], yr[used], steps)
             else:  # recorded by the server after `receive`
-                self._pending_server = (kind, received, x[used], y[used], steps)
+                self._pending_server = (kind, received, xr[used], yr[used], steps)
         self._last_buffers = {k: v.detach().clone() for k, v in self.model.named_buffers()}
         return shared, len(y), sum(losses) / len(losses)
 
@@ -357,6 +448,10 @@ class Simulation:
         """Whether this client's round is observed (the victim, or any participant for a cohort)."""
         obs = self.observe
         return obs is not None and obs.round == rnd and (obs.client == client or obs.cohort)
+
+    def _hooks_before(self, point: str) -> tuple[str, ...]:
+        """The defense's hooks that acted on what is observed at `point` (`HOOKS_BEFORE`)."""
+        return tuple(h for h in HOOKS_BEFORE[point] if self.defense.implements(h))
 
     def _received_copy(self, received: dict) -> dict:
         """One detached copy of the state sent this round, shared by all observations of the round."""
@@ -377,6 +472,7 @@ class Simulation:
         steps: int = 1,
     ) -> None:
         idx = torch.as_tensor(self.client_indices[client])
+        hooks = self._hooks_before(point)
         observation = Observation(
             point=point,
             round=rnd,
@@ -391,6 +487,8 @@ class Simulation:
             batch_size=self.sc.batch_size or len(y),
             model_mode=self.sc.model_mode,
             attr_true={k: v[idx] for k, v in self.attr_train.items()} if point != "example" else {},
+            defense_hooks=hooks,
+            sparsified=bool(set(hooks) & set(self.defense.sparsifying_hooks())),
         )
         obs = self.observe
         if obs is not None and obs.cohort and client >= 0:
@@ -482,6 +580,7 @@ class Simulation:
                 local_steps=0,
                 batch_size=self.sc.batch_size,
                 model_mode="eval",
+                defense_hooks=self._hooks_before("model"),
             )
         result.observation = self.observation
         return result

@@ -10,6 +10,7 @@ THREAT_MODEL_FIELDS = {
     "bn_stats_known": "tm_bn_stats_known",
     "label_strategy": "tm_label_strategy",
     "pruning_aware": "tm_pruning_aware",
+    "update_as_gradient": "tm_update_as_gradient",
     "mia_members": "tm_mia_members",
     "mia_nonmembers": "tm_mia_nonmembers",
 }
@@ -31,6 +32,8 @@ def attack_metrics(attack: Any, result: dict[str, Any]) -> dict[str, Any]:
         "tm_observation_kind": obs.get("kind"),
         "tm_observed_examples": obs.get("examples"),
     }
+    if "defense_hooks" in obs:  # the defense's hooks that acted on what the attacker saw
+        row["tm_defense_hooks"] = "+".join(obs["defense_hooks"])
     for key, column in {**THREAT_MODEL_FIELDS, **OUTCOME_FIELDS}.items():
         if key in extra:
             row[column] = extra[key]
@@ -48,15 +51,29 @@ def attack_metrics(attack: Any, result: dict[str, Any]) -> dict[str, Any]:
         row.update(attribute_metrics(output, truth))
         return row
     if attack.family == "reconstruction":
+        from fedbench.metrics.lpips_metric import run_lpips, run_st_lpips, state_once
         from fedbench.metrics.reconstruction import random_baseline, score_reconstruction
 
         images = output.get("images")
         if images is None or "images" not in truth:
             return row
         scoring = attack.scoring() if hasattr(attack, "scoring") else {}
+        # LPIPS whenever its trunk weights load (else the column stays empty and the reason is stated
+        # once); ST-LPIPS, its own column, whenever the optional package is installed
+        lpips_fn, lpips_reason = run_lpips()
+        st_lpips_fn, st_reason = run_st_lpips()
         scores = score_reconstruction(
-            truth["images"], images, y_true=truth.get("y"), y_pred=output.get("labels"), **scoring
+            truth["images"],
+            images,
+            y_true=truth.get("y"),
+            y_pred=output.get("labels"),
+            lpips_fn=lpips_fn,
+            st_lpips_fn=st_lpips_fn,
+            **scoring,
         )
+        notes = [state_once(r) for r in ((lpips_reason if lpips_fn is None else None), st_reason) if r]
+        if any(notes):
+            row["_warnings"] = [n for n in notes if n]
         # per-image values go to the JSON sidecar (the worst case over attacks is taken per input)
         row.update(scores.summary())
         # the floor: uniform random images scored the same way (an attack at this level leaked nothing)

@@ -84,8 +84,10 @@ def _build(net: str, path: str) -> Any:
 
     state = torch.load(path, map_location="cpu", weights_only=True)
     reference = getattr(tv.models, _TV_BUILDERS[net])(weights=None)
+    # only the trunk (`features`) is used, and it must be complete: every tensor, the right shapes
+    trunk = {k.removeprefix("features."): v for k, v in state.items() if k.startswith("features.")}
     try:
-        reference.load_state_dict(state)
+        reference.features.load_state_dict(trunk, strict=True)
     except RuntimeError as err:
         raise RuntimeError(
             f"LPIPS backbone weights {path} do not fit torchvision {_TV_BUILDERS[net]}: {err}"
@@ -169,3 +171,133 @@ def get_lpips(net: str = "alex", device: Any = "cpu", batch_size: int = 64) -> L
         return torch.cat(out).numpy()
 
     return lpips_distance
+
+
+# ------------------------------------------------------------------------------------- in a run
+#
+# `fedbench.metrics.attack_metrics` scores every reconstruction run with LPIPS whenever the trunk
+# weights are in the torch hub cache and load (a file that does not fit is reported, never used), and
+# with ST-LPIPS whenever the optional `stlpips-pytorch` package is installed. Metrics are computed
+# outside the attack cache, so placing the weights later fills the column for cached runs too. When a
+# metric cannot be computed, its column stays empty and the reason is stated once per process.
+
+_stated: set[str] = set()
+_failed: dict[tuple[str, ...], str] = {}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def run_lpips(net: str = "alex") -> tuple[LpipsFn | None, str]:
+    """(LPIPS function, one-line status) for scoring runs: None with the reason when the trunk weights
+    are missing or do not load. Never raises, never downloads."""
+    ok, reason = lpips_available(net)
+    if not ok:
+        return None, reason
+    key = ("lpips", net, backbone_path(net))
+    if key in _failed:  # tried once in this process: not reloaded for every row
+        return None, _failed[key]
+    try:
+        return get_lpips(net), reason
+    except Exception as exc:  # a file that is not the torchvision trunk: no LPIPS, never a random trunk
+        _failed[key] = f"LPIPS unavailable: backbone weights {key[2]} do not load ({_first_line(exc)})"
+        return None, _failed[key]
+
+
+def state_once(reason: str) -> str | None:
+    """`reason` the first time this process asks, None afterwards (a reason is stated once)."""
+    with _lock:
+        if reason in _stated:
+            return None
+        _stated.add(reason)
+        return reason
+
+
+# ST-LPIPS (Ghildyal & Liu, ECCV 2022): shift-tolerant LPIPS. The `stlpips-pytorch` wheel ships its whole
+# network (anti-aliased AlexNet / VGG trunk and linear heads, trained by the authors), so it works
+# offline. It is its own metric, reported in its own `st_lpips` column, never as LPIPS. The wheel
+# imports `IPython` and `torchsummary` without declaring them; the `stlpips` extra installs both.
+STLPIPS_PACKAGE = "stlpips_pytorch"
+STLPIPS_VARIANT = "shift_tolerant"
+_st_cache: dict[str, Any] = {}
+
+
+def stlpips_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(STLPIPS_PACKAGE) is not None
+
+
+def _build_st(net: str) -> Any:
+    """The ST-LPIPS module with the weights the wheel ships, loaded strictly (every tensor checked)."""
+    import inspect
+
+    import torch
+
+    from fedbench._compat import import_torchvision
+
+    import_torchvision()  # stlpips imports torchvision at module level
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from stlpips_pytorch import stlpips
+
+        model = stlpips.LPIPS(net=net, variant=STLPIPS_VARIANT, pretrained=False, verbose=False)
+    folder = os.path.join(os.path.dirname(inspect.getfile(stlpips)), "weights", "vST0.0")
+    path = os.path.join(folder, f"{net}_{STLPIPS_VARIANT}.pth")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    result = model.load_state_dict(state, strict=False)
+    # `lins` is a ModuleList of the same lin0..linK modules, so its names are aliases, loaded through them
+    missing = [k for k in result.missing_keys if not k.startswith("lins.")]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"ST-LPIPS weights {path} do not fit the network: missing {missing[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]}"
+        )
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def get_st_lpips(net: str = "alex", device: Any = "cpu", batch_size: int = 64) -> LpipsFn | None:
+    """A per-image ST-LPIPS distance function (same inputs and outputs as `get_lpips`), or None when
+    `stlpips-pytorch` is not installed. Images are prepared like LPIPS's (grayscale repeated to RGB,
+    shorter side upsampled to 32 px); raises when the package is installed but cannot be loaded."""
+    if not stlpips_installed():
+        return None
+    with _lock:
+        if net not in _st_cache:
+            _st_cache[net] = _build_st(net)
+        model = _st_cache[net]
+
+    def st_lpips_distance(true: Any, rec: Any) -> np.ndarray:
+        import torch
+
+        a, b = _as_tensor(true), _as_tensor(rec)
+        if a.shape != b.shape:
+            raise ValueError(f"ST-LPIPS inputs differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+        a, b = _prepare(a, "true"), _prepare(b, "rec")
+        out = []
+        m = model.to(device)
+        with torch.no_grad():
+            for i in range(0, a.shape[0], batch_size):
+                d = m(a[i : i + batch_size].to(device), b[i : i + batch_size].to(device))
+                out.append(d.reshape(-1).double().cpu())
+        return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.float64)
+
+    return st_lpips_distance
+
+
+def run_st_lpips(net: str = "alex") -> tuple[LpipsFn | None, str | None]:
+    """(ST-LPIPS function, reason) for scoring runs: (None, None) when the optional package is not
+    installed (the column is simply absent), (None, reason) when it is installed but fails to load."""
+    key = ("st_lpips", net)
+    if key in _failed:
+        return None, _failed[key]
+    try:
+        return get_st_lpips(net), None
+    except Exception as exc:
+        _failed[key] = f"ST-LPIPS unavailable: {_first_line(exc)} (pip install 'fedbench[stlpips]')"
+        return None, _failed[key]

@@ -27,7 +27,7 @@ import numpy as np
 # Scores given to a true image that no reconstruction was matched to (fewer reconstructions than true
 # images). They are the "nothing leaked" end of each scale for images in [0, 1]: MSE 1 (the largest
 # possible), PSNR 0 dB (= MSE 1), SSIM 0 (no structural correlation), LPIPS 1 (the nominal maximum).
-UNMATCHED_SCORES: dict[str, float] = {"psnr": 0.0, "ssim": 0.0, "mse": 1.0, "lpips": 1.0}
+UNMATCHED_SCORES: dict[str, float] = {"psnr": 0.0, "ssim": 0.0, "mse": 1.0, "lpips": 1.0, "st_lpips": 1.0}
 
 SUMMARY_KEYS: tuple[str, ...] = (
     "psnr",
@@ -44,7 +44,9 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "exact",
 )
 # +1: a higher value means more leakage; -1: a lower value means more leakage.
-LEAKAGE_DIRECTION: dict[str, int] = {"psnr": 1, "ssim": 1, "mse": -1, "lpips": -1}
+LEAKAGE_DIRECTION: dict[str, int] = {"psnr": 1, "ssim": 1, "mse": -1, "lpips": -1, "st_lpips": -1}
+# Present in `summary()` / `per_image()` only when ST-LPIPS was computed (the optional `stlpips` extra).
+ST_LPIPS_KEYS: tuple[str, ...] = ("st_lpips", "st_lpips_worst")
 
 
 # ------------------------------------------------------------------------------------------- inputs
@@ -278,6 +280,7 @@ class ReconstructionScores:
     label_acc_matched: float | None = None
     psnr_cap: float = 100.0
     success_psnr: float | None = None
+    st_lpips: np.ndarray | None = None  # shift-tolerant LPIPS (its own metric), None when not computed
 
     @property
     def n(self) -> int:
@@ -296,7 +299,7 @@ class ReconstructionScores:
         if self.success_psnr is not None and self.psnr is not None and self.psnr.size:
             recovered = float(np.mean(self.psnr >= self.success_psnr))
             exact = float(np.mean(self.psnr >= self.psnr_cap))
-        return {
+        out = {
             "psnr": _mean(self.psnr),
             "psnr_worst": _best(self.psnr, LEAKAGE_DIRECTION["psnr"]),
             "ssim": _mean(self.ssim),
@@ -310,6 +313,10 @@ class ReconstructionScores:
             "recovered": recovered,
             "exact": exact,
         }
+        if self.st_lpips is not None:
+            out["st_lpips"] = _mean(self.st_lpips)
+            out["st_lpips_worst"] = _best(self.st_lpips, LEAKAGE_DIRECTION["st_lpips"])
+        return out
 
     def per_image(self) -> dict[str, list]:
         """JSON-able per-image values: index, match (-1 unmatched), psnr, ssim, mse, lpips (None if n/a)."""
@@ -318,7 +325,7 @@ class ReconstructionScores:
         def col(x: np.ndarray | None) -> list:
             return [None] * n if x is None else [float(v) for v in x]
 
-        return {
+        out = {
             "index": list(range(n)),
             "match": [] if self.assignment is None else [int(v) for v in self.assignment],
             "psnr": col(self.psnr),
@@ -326,6 +333,9 @@ class ReconstructionScores:
             "mse": col(self.mse),
             "lpips": col(self.lpips),
         }
+        if self.st_lpips is not None:
+            out["st_lpips"] = col(self.st_lpips)
+        return out
 
 
 def score_reconstruction(
@@ -339,6 +349,7 @@ def score_reconstruction(
     labels_aligned: bool = False,
     range_tol: float = 1e-4,
     matching: Literal["one-to-one", "best"] = "one-to-one",
+    st_lpips_fn: Callable[[np.ndarray, np.ndarray], Any] | None = None,
 ) -> ReconstructionScores:
     """Match `rec` [M, C, H, W] to `true` [N, C, H, W] (both in [0, 1]) and score every true image.
 
@@ -349,6 +360,7 @@ def score_reconstruction(
     [0, 1] by more than `range_tol` are an error (clamp reconstructions to [0, 1]); smaller excursions
     (rounding after de-normalisation) are clipped. `matching`: one-to-one (Hungarian, the default) or
     best (each true image gets its best reconstruction, reuse allowed; see `best_match`).
+    `st_lpips_fn` (e.g. `lpips_metric.get_st_lpips()`) fills the separate `st_lpips` scores the same way.
     """
     if matching not in ("one-to-one", "best"):
         raise ValueError(f"matching must be 'one-to-one' or 'best', got {matching!r}")
@@ -361,7 +373,7 @@ def score_reconstruction(
             f"got range [{t.min():.4g}, {t.max():.4g}]"
         )
     t = np.clip(t, 0.0, 1.0)
-    assignment = psnr_v = ssim_v = mse_v = lpips_v = None
+    assignment = psnr_v = ssim_v = mse_v = lpips_v = st_lpips_v = None
     if rec is not None:
         r = _images(rec, "rec")
         if r.shape[1:] != t.shape[1:]:
@@ -384,13 +396,8 @@ def score_reconstruction(
             psnr_v[m] = psnr(tm, rm, cap=psnr_cap)
             ssim_v[m] = ssim(tm, rm)
             mse_v[m] = mse(tm, rm)
-        if lpips_fn is not None:
-            lpips_v = np.full(t.shape[0], UNMATCHED_SCORES["lpips"])
-            if m.any():
-                d = np.asarray(lpips_fn(tm, rm), dtype=np.float64).reshape(-1)
-                if d.shape[0] != int(m.sum()):
-                    raise ValueError(f"lpips_fn returned {d.shape[0]} values for {int(m.sum())} image pairs")
-                lpips_v[m] = d
+        lpips_v = _distances(lpips_fn, "lpips", tm, rm, m)
+        st_lpips_v = _distances(st_lpips_fn, "st_lpips", tm, rm, m)
     label_acc = label_acc_matched = None
     if y_true is not None and y_pred is not None:
         yt = _labels(y_true, "y_true")
@@ -416,7 +423,23 @@ def score_reconstruction(
         label_acc_matched=label_acc_matched,
         psnr_cap=psnr_cap,
         success_psnr=success_psnr,
+        st_lpips=st_lpips_v,
     )
+
+
+def _distances(
+    fn: Callable | None, name: str, tm: np.ndarray, rm: np.ndarray, m: np.ndarray
+) -> np.ndarray | None:
+    """Per true image, `fn`'s distance to its matched reconstruction (unmatched: `UNMATCHED_SCORES`)."""
+    if fn is None:
+        return None
+    out = np.full(m.shape[0], UNMATCHED_SCORES[name])
+    if m.any():
+        d = np.asarray(fn(tm, rm), dtype=np.float64).reshape(-1)
+        if d.shape[0] != int(m.sum()):
+            raise ValueError(f"{name}_fn returned {d.shape[0]} values for {int(m.sum())} image pairs")
+        out[m] = d
+    return out
 
 
 def random_baseline(true: Any, seed: int | Any = 0, psnr_cap: float = 100.0) -> dict[str, float | None]:
