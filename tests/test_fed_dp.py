@@ -207,7 +207,8 @@ def test_accounting_fields_follow_the_scenario():
     cdp = create_defense("fed-cdp").accounting(sc, 5000)
     # q = B*K_t/N = 5*10/5000; L = ceil(50/5) = 10 steps per round
     assert cdp.level == "example" and cdp.sample_rate == pytest.approx(0.01) and cdp.steps == 100
-    assert cdp.noise_multiplier == 6.0 and cdp.delta == 1e-5 and cdp.accountant == "opacus-rdp"
+    assert cdp.noise_multiplier == 6.0 and cdp.delta == 1e-5
+    assert cdp.accountant == "opacus-rdp; Poisson sampling at q per local step (paper's Prop. 1)"
     decay = create_defense("fed-cdp-decay").accounting(sc, 5000)
     assert decay.epsilon == cdp.epsilon  # sigma fixed: the decay does not change epsilon
     sdp = create_defense("fed-sdp").accounting(sc, 5000)
@@ -244,7 +245,8 @@ def test_result_rows_carry_epsilon(tmp_path):
     )
     row = execute(spec, RunCache(tmp_path / "c"), RunContext())
     assert row["status"] == "ok", row["reason"]
-    assert row["dp_level"] == "example" and row["accountant"] == "opacus-rdp" and row["delta"] == 1e-5
+    assert row["dp_level"] == "example" and row["accountant"].startswith("opacus-rdp; Poisson")
+    assert row["delta"] == 1e-5
     assert row["epsilon"] > 0 and math.isfinite(row["epsilon"])
 
 
@@ -266,3 +268,42 @@ def test_bad_defense_parameters_are_usage_errors(name, params):
 
     with pytest.raises(ParamError):
         create_defense(name, **params)
+
+
+def test_participation_accounting_counts_the_steps_an_example_is_in():
+    """sampling=participation (dp-sgd's default; issue 16 defect 4): a client takes part with
+    probability K_t/K per round, and its examples are in one batch per local epoch."""
+    from fedbench.defenses.fed_dp import _uses_per_round
+    from fedbench.metrics.accounting import participation_epsilon
+
+    base = dict(protocol="fedavg", clients=20, participation=0.2, rounds=10, batch_size=10)
+    sc = Scenario.from_dict(base | dict(local_epochs=5))
+    assert _uses_per_round(sc, 200) == 5  # 10 examples per client, B=10: 5 steps, each uses them all
+    assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=7)), 2000) == 1  # 10 batches/epoch
+    assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=25)), 2000) == 3
+    assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=7, partition="dirichlet")), 2000) == 7
+    assert _uses_per_round(Scenario.from_dict(base | dict(protocol="fedsgd")), 200) == 1
+    acc = create_defense("fed-cdp", sampling="participation").accounting(sc, 200)
+    assert acc.level == "example" and "client participation" in acc.accountant
+    assert acc.sample_rate == pytest.approx(0.2) and acc.steps == 50
+    assert acc.epsilon == pytest.approx(participation_epsilon(6.0, 0.2, 10, 5, 1e-5).epsilon)
+    poisson = create_defense("fed-cdp").accounting(sc, 200)  # 50 independent steps at q = 0.2
+    assert poisson.epsilon < acc.epsilon
+
+
+def test_dp_sgd_is_calibrated_at_the_participation_level():
+    from fedbench.metrics.accounting import participation_epsilon
+
+    sc = Scenario.from_dict(
+        dict(protocol="fedavg", clients=20, participation=0.2, rounds=100, local_epochs=5, batch_size=10)
+    )
+    dpsgd = create_defense("dp-sgd", epsilon=4.0)
+    acc = dpsgd.accounting(sc, 200)
+    assert acc.epsilon <= 4.0 and acc.epsilon == pytest.approx(4.0, rel=1e-3)
+    assert participation_epsilon(acc.noise_multiplier, 0.2, 100, 5, 1e-5).epsilon == pytest.approx(
+        acc.epsilon
+    )
+    old = create_defense("dp-sgd", epsilon=4.0, sampling="poisson").accounting(sc, 200)
+    assert old.epsilon == pytest.approx(4.0, rel=1e-3) and old.noise_multiplier < 0.5 * acc.noise_multiplier
+    # version 1's noise is far from epsilon 4 for the mechanism as simulated
+    assert participation_epsilon(old.noise_multiplier, 0.2, 100, 5, 1e-5).epsilon > 8

@@ -1,8 +1,10 @@
-"""`fedbench epsilon`: epsilon of DP-SGD-style training (sampled Gaussian mechanism), or its inverse."""
+"""`fedbench epsilon`: epsilon of DP-SGD-style training (sampled Gaussian mechanism, or example-level
+DP-SGD inside FL with client participation), or its inverse."""
 
 from __future__ import annotations
 
 import json
+import warnings
 
 import typer
 
@@ -30,6 +32,16 @@ def epsilon_cmd(
     table_vi: bool = typer.Option(
         False, "--table-vi", help="Print the Fed-CDP paper's Table VI beside the paper-compatible values."
     ),
+    participation: float = typer.Option(
+        None,
+        "--participation",
+        help="Example-level DP-SGD inside FL (dp-sgd's accounting): a client's probability to take part "
+        "in a round, K_t/K. Needs --rounds; replaces --q and --steps.",
+    ),
+    rounds: int = typer.Option(None, "--rounds", help="With --participation: the number of rounds T."),
+    uses: int = typer.Option(
+        1, "--uses", help="With --participation: local steps per round an example is in (E epochs: E)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Privacy epsilon of `steps` sampled Gaussian steps (sigma, q) at delta, or sigma for a target.
@@ -41,6 +53,10 @@ def epsilon_cmd(
       fedbench epsilon --sigma 6 --q 0.01 --steps 10000 --delta 1e-5 --paper-compat
 
       fedbench epsilon --target-epsilon 1.0 --q 0.01 --steps 10000 --delta 1e-5
+
+      fedbench epsilon --sigma 11.6 --participation 0.2 --rounds 100 --uses 5 --delta 1e-5
+
+    An RDP optimum at an end of the order list (a loose bound) is printed as a warning.
     """
     from fedbench.metrics import accounting as acc
 
@@ -68,6 +84,9 @@ def epsilon_cmd(
                 highlight=False,
             )
         return
+    if participation is not None or rounds is not None:
+        _participation(sigma, participation, rounds, uses, delta, target_epsilon, q, steps, as_json)
+        return
     for name, value in (("--q", q), ("--steps", steps)):
         if value is None:
             raise FedbenchError(f"{name} is required (e.g. --sigma 6 --q 0.01 --steps 10000)")
@@ -76,7 +95,9 @@ def epsilon_cmd(
             raise FedbenchError(
                 "give either --sigma (epsilon for it) or --target-epsilon (sigma for it), not both"
             )
-        res = acc.sigma_for_epsilon(target_epsilon, q, steps, delta, accountant)  # type: ignore[arg-type]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", acc.AccountingWarning)
+            res = acc.sigma_for_epsilon(target_epsilon, q, steps, delta, accountant)  # type: ignore[arg-type]
         record = _record(res) | {"target_epsilon": target_epsilon}
         text = (
             f"sigma = {res.sigma:.4f}  (epsilon = {res.epsilon:.4f} <= {target_epsilon} at delta={delta}; "
@@ -85,12 +106,68 @@ def epsilon_cmd(
     else:
         if sigma is None:
             raise FedbenchError("--sigma is required (or --target-epsilon for the inverse)")
-        res = acc.epsilon(sigma, q, steps, delta, accountant)  # type: ignore[arg-type]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", acc.AccountingWarning)
+            res = acc.epsilon(sigma, q, steps, delta, accountant)  # type: ignore[arg-type]
         record = _record(res)
         text = (
             f"epsilon = {res.epsilon:.6g}  (delta={delta}; sigma={sigma}, q={q}, steps={steps}; "
             f"accountant {res.label}" + (f", order {res.order:g})" if res.order is not None else ")")
         )
+    _reemit(caught, acc.AccountingWarning)
+    if res.warning:
+        record["warning"] = res.warning
+    out.print(json.dumps(record) if as_json else text, highlight=False)
+    if res.warning:
+        from fedbench.cli._common import err
+
+        err.print(f"warning: {res.warning}", highlight=False, markup=False)
+
+
+def _reemit(caught: list, category: type) -> None:
+    """Re-issue the recorded warnings other than `category` (which the command prints itself)."""
+    for w in caught:
+        if not issubclass(w.category, category):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _participation(sigma, p, rounds, uses, delta, target_epsilon, q, steps, as_json) -> None:
+    """epsilon (or sigma for a target) of example-level DP-SGD in FL: `accounting.participation_epsilon`."""
+    from fedbench.metrics import accounting as acc
+
+    if p is None or rounds is None:
+        raise FedbenchError("--participation and --rounds go together (e.g. --participation 0.2 --rounds 5)")
+    if q is not None or steps is not None:
+        raise FedbenchError("--participation replaces --q and --steps; drop them")
+    if not 0 < p <= 1:
+        raise FedbenchError(f"--participation {p}: a client's probability per round must be in (0, 1]")
+    if rounds < 1 or uses < 1:
+        raise FedbenchError(f"--rounds {rounds} --uses {uses}: both must be integers >= 1")
+    if target_epsilon is not None:
+        if sigma is not None:
+            raise FedbenchError("give either --sigma or --target-epsilon, not both")
+        res = acc.participation_sigma(target_epsilon, p, rounds, uses, delta)
+    elif sigma is None:
+        raise FedbenchError("--sigma is required (or --target-epsilon for the inverse)")
+    else:
+        res = acc.participation_epsilon(sigma, p, rounds, uses, delta)
+    record = {
+        "epsilon": res.epsilon,
+        "delta": delta,
+        "sigma": res.sigma,
+        "participation": p,
+        "rounds": rounds,
+        "uses": uses,
+        "accountant": res.label,
+    }
+    if target_epsilon is not None:
+        record["target_epsilon"] = target_epsilon
+    text = (
+        f"{'sigma' if target_epsilon is not None else 'epsilon'} = "
+        f"{res.sigma if target_epsilon is not None else res.epsilon:.6g}  (epsilon = {res.epsilon:.6g}, "
+        f"delta={delta}; sigma={res.sigma:.6g}, participation {p} per round, {rounds} rounds, {uses} steps "
+        f"per round; {res.label})"
+    )
     out.print(json.dumps(record) if as_json else text, highlight=False)
 
 

@@ -8,11 +8,19 @@ the smallest one the Opacus accountant certifies for the target over the whole r
 (`fedbench.metrics.accounting.sigma_for_epsilon`, bisection), so every row reports epsilon <= target.
 
 - `dp-sgd`: every per-example gradient is clipped *as a whole* (flat L2 norm over all layers, so the
-  sensitivity is exactly C and the epsilon is the textbook one), one Gaussian N(0, sigma^2 C^2) per
-  batch sum (Abadi); q = B * K_t / N, T * L steps, as Fed-CDP's accounting.
+  sensitivity is exactly C), one Gaussian N(0, sigma^2 C^2) per batch sum (Abadi). Accounted at
+  the level of the mechanism the simulation runs (`sampling=participation`, the default since
+  version 2; `accounting.participation_epsilon`): example level, a client takes part in a round
+  with probability p = K_t / K, and a participating example is in E local steps of the round (one
+  batch per shuffled epoch), with no amplification by subsampling (the batches are not Poisson
+  samples). Version 1 took every one of the T * L local steps as an independent Poisson sample at
+  q = B * K_t / N, which understates epsilon (in the `frl` preset's setting, epsilon 4 needs sigma
+  11.6 where version 1 used 5.3); `sampling=poisson` keeps that accounting for comparison.
 - `dp-fedavg`: each client's round update is clipped as a whole to S, the server averages uniformly
-  and adds one N(0, sigma^2 S^2) to the sum (Geyer / McMahan et al. 2018); q = K_t / K, T steps.
-  The clip S is fixed (spec default) where Geyer takes the median of the round's norms.
+  and adds one N(0, sigma^2 S^2) to the sum (Geyer / McMahan et al. 2018): client level, the
+  sampled Gaussian mechanism with q = K_t / K over T rounds, client sampling taken as Poisson (the
+  simulation draws exactly K_t of K clients per round, the usual DP-FedAvg approximation). The
+  clip S is fixed (spec default) where Geyer takes the median of the round's norms.
 """
 
 from __future__ import annotations
@@ -22,11 +30,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedbench.api import Paper, RunData, Scenario
-from fedbench.defenses.fed_dp import FedSDP, _account, _participants, _PerExampleDP, _PerExampleDPParams
+from fedbench.defenses.fed_dp import (
+    FedSDP,
+    _account,
+    _account_participation,
+    _participation_rate,
+    _PerExampleDP,
+    _PerExampleDPParams,
+    _uses_per_round,
+)
 from fedbench.params import param
 from fedbench.registry import register_defense
 
 _ACCOUNTANT_HELP = "accountant the noise is calibrated with: rdp (Opacus) or prv (Opacus PRV)"
+_SGD_ACCOUNTANT_HELP = "sampling=poisson only: " + _ACCOUNTANT_HELP
+_SGD_SAMPLING_HELP = (
+    "accounting model: participation (the simulated mechanism: client participation K_t/K per round, "
+    "E steps per round, no amplification) or poisson (each local step a Poisson sample at B*K_t/N; version 1)"
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -37,11 +58,19 @@ def calibrated_sigma(target: float, q: float, steps: int, delta: float, accounta
     return sigma_for_epsilon(target, q, steps, delta, accountant).sigma  # type: ignore[arg-type]
 
 
+@functools.lru_cache(maxsize=256)
+def participation_sigma(target: float, p: float, rounds: int, uses: int, delta: float) -> float:
+    """The noise multiplier whose participation-level epsilon is at most `target` (memoised)."""
+    from fedbench.metrics.accounting import participation_sigma as solve
+
+    return solve(target, p, rounds, uses, delta).sigma
+
+
 @register_defense("dp-sgd", "dpsgd")
 class DPSGD(_PerExampleDP):
     """DP-SGD in local training: flat per-example clip to C, Gaussian noise, sigma calibrated to epsilon."""
 
-    version = "1"
+    version = "2"  # 2: accounted and calibrated at the simulated mechanism's level (sampling=participation)
     paper = Paper(
         "abadi2016dpsgd",
         "Deep Learning with Differential Privacy (Abadi et al., CCS 2016)",
@@ -57,7 +86,8 @@ class DPSGD(_PerExampleDP):
         noise: Literal["example", "batch"] = param(
             "batch", "batch: one noise per batch (Abadi); example: Fed-CDP's"
         )
-        accountant: Literal["rdp", "prv"] = param("rdp", _ACCOUNTANT_HELP)
+        accountant: Literal["rdp", "prv"] = param("rdp", _SGD_ACCOUNTANT_HELP)
+        sampling: Literal["participation", "poisson"] = param("participation", _SGD_SAMPLING_HELP)
 
     def __init__(self, params: Any = None):
         super().__init__(params)
@@ -78,13 +108,20 @@ class DPSGD(_PerExampleDP):
 
     def sigma_for(self, scenario: Scenario, train_size: int | None = None) -> float:
         p = self.params
-        q, steps, _ = self.sampling(scenario, train_size or self._train_size)
+        n = train_size or self._train_size
+        if p.sampling == "participation":
+            uses = _uses_per_round(scenario, n)
+            rate = _participation_rate(scenario)
+            return participation_sigma(p.epsilon, rate, scenario.rounds, uses, p.delta)
+        q, steps, _ = self.sampling(scenario, n)
         return calibrated_sigma(p.epsilon, q, steps, p.delta, p.accountant)
 
     def accounting(self, scenario: Scenario, train_size: int):
         p = self.params
-        q, steps, local = self.sampling(scenario, train_size)
         sigma = self.sigma_for(scenario, train_size)
+        if p.sampling == "participation":
+            return _account_participation(sigma, scenario, train_size, p.delta)
+        q, steps, local = self.sampling(scenario, train_size)
         return _account(sigma, q, steps, p.delta, "example", p.accountant, local)
 
 
@@ -92,7 +129,7 @@ class DPSGD(_PerExampleDP):
 class DPFedAvg(FedSDP):
     """Client-level DP-FedAvg: flat clip of each update to S, server noise on the sum, sigma calibrated."""
 
-    version = "1"
+    version = "2"  # 2: RDP orders up to 10240 (the calibrated sigma of few rounds can be smaller)
     paper = Paper(
         "geyer2017",
         "Differentially Private Federated Learning: A Client Level Perspective (Geyer et al., 2017)",
@@ -124,5 +161,5 @@ class DPFedAvg(FedSDP):
 
     def sigma_for(self, scenario: Scenario) -> float:
         p = self.params
-        q = min(1.0, _participants(scenario) / scenario.clients)
-        return calibrated_sigma(p.epsilon, q, scenario.rounds, p.delta, p.accountant)
+        rate = _participation_rate(scenario)
+        return calibrated_sigma(p.epsilon, rate, scenario.rounds, p.delta, p.accountant)

@@ -19,11 +19,19 @@
 Noise of the `example` form is drawn as one Gaussian of std sigma*C/sqrt(B) for the batch mean,
 which has exactly the distribution of the mean of B independent per-example noises.
 
-Accounting (`fedbench.metrics.accounting`): Fed-CDP is example level with q = B*K_t/N (the
-paper's Proposition 1; `sample_rate` overrides, the paper sets 0.01) and T*L steps; Fed-SDP is
-client level with q = K_t/K and T steps. `accountant=paper` uses the paper's conversion and step
-convention (Table VI). As in the paper the sensitivity is taken to be C although clipping is per
-layer (the whole-model bound is C*sqrt(M)): the epsilon is the paper-style one.
+Accounting (`fedbench.metrics.accounting`), stated in every row's `dp_level` and `accountant`:
+- Fed-CDP (`sampling=poisson`, its default) is example level with q = B*K_t/N (the paper's
+  Proposition 1; `sample_rate` overrides, the paper sets 0.01) and T*L steps, each step taken to
+  be an independent Poisson sample. That is the paper's assumption, not the simulated mechanism
+  (a selected client's examples are in every epoch of its round, in shuffled batches), so it is
+  not a bound for it; `sampling=participation` accounts for the mechanism as simulated
+  (`accounting.participation_epsilon`: client participation K_t/K per round, E steps per round,
+  no amplification) and is `dp-sgd`'s default.
+- Fed-SDP is client level with q = K_t/K and T rounds, client sampling taken as Poisson (the
+  simulation draws exactly K_t of K clients: the usual DP-FedAvg approximation, McMahan et al. 2018).
+`accountant=paper` uses the paper's conversion and step convention (Table VI). As in the paper the
+sensitivity is taken to be C although clipping is per layer (the whole-model bound is C*sqrt(M)):
+the epsilon is the paper-style one.
 """
 
 from __future__ import annotations
@@ -98,6 +106,33 @@ def _local_steps(scenario: Scenario, train_size: int) -> int:
     return scenario.local_epochs * math.ceil(n_client / batch)
 
 
+def _uses_per_round(scenario: Scenario, train_size: int) -> int:
+    """The local steps of one round an example can take part in (at most; the simulation's batching).
+
+    Each local epoch is a fresh shuffle of the client's data cut into batches, so an example is in
+    exactly one batch per epoch: E with `local_epochs`, 1 with FedSGD (one batch), and with
+    `local_steps` S the epochs those steps span, ceil(S / ceil(n / B)), where n is the smallest
+    client's size: N // K for the equal-size iid and shards splits; S for the others (a client
+    may hold B examples or fewer) and for B = 0 (every step is the whole local data).
+    """
+    if scenario.protocol == "fedsgd":
+        return 1
+    if not scenario.local_steps:
+        return scenario.local_epochs
+    steps = scenario.local_steps
+    if scenario.partition not in ("iid", "shards") or not scenario.batch_size:
+        return steps  # a client may hold <= B examples (or B = all): every step is a whole epoch
+    per = scenario.shards_per_client if scenario.partition == "shards" else 1
+    n = max(1, per * (train_size // (scenario.clients * per)))  # np.array_split's smallest part
+    return math.ceil(steps / math.ceil(n / scenario.batch_size))
+
+
+_SGM_SAMPLING = {
+    "example": "Poisson sampling at q per local step (paper's Prop. 1)",
+    "client": "Poisson client sampling at q = K_t/K per round",
+}
+
+
 def _account(
     sigma: float, q: float, steps: int, delta: float, level: str, accountant: str, local_steps: int
 ) -> Accounting:
@@ -106,7 +141,23 @@ def _account(
     if accountant == "paper":
         steps = paper_steps(steps, level, local_steps)  # type: ignore[arg-type]
     res = epsilon(sigma, q, steps, delta, accountant)  # type: ignore[arg-type]
-    return Accounting(res.epsilon, delta, level, ACCOUNTANT_LABELS[accountant], sigma, q, steps)  # type: ignore[arg-type]
+    label = f"{ACCOUNTANT_LABELS[accountant]}; {_SGM_SAMPLING[level]}"
+    return Accounting(res.epsilon, delta, level, label, sigma, q, steps)  # type: ignore[arg-type]
+
+
+def _account_participation(sigma: float, scenario: Scenario, train_size: int, delta: float) -> Accounting:
+    """Example-level epsilon of the mechanism as simulated (`accounting.participation_epsilon`)."""
+    from fedbench.metrics.accounting import PARTICIPATION_LABEL, participation_epsilon
+
+    p, uses = _participation_rate(scenario), _uses_per_round(scenario, train_size)
+    res = participation_epsilon(sigma, p, scenario.rounds, uses, delta)
+    label = f"{PARTICIPATION_LABEL}; p={p:.4g} per round, {uses} steps per round, zero-out neighbours"
+    return Accounting(res.epsilon, delta, "example", label, sigma, p, scenario.rounds * uses)
+
+
+def _participation_rate(scenario: Scenario) -> float:
+    """The probability that a given client takes part in a round: K_t / K (the simulation's draw)."""
+    return min(1.0, _participants(scenario) / scenario.clients)
 
 
 # ------------------------------------------------------------------------------------------- Fed-SDP
@@ -116,6 +167,7 @@ def _account(
 class FedSDP(Defense):
     """Fed-SDP: per-layer clip of each client update to C, Gaussian noise sigma*C (client or server)."""
 
+    version = "2"  # 2: RDP orders up to 10240 (epsilon of few rounds is tighter)
     paper = PAPER
 
     @dataclass(frozen=True)
@@ -176,7 +228,7 @@ class FedSDP(Defense):
 
     def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
         p = self.params
-        q = min(1.0, _participants(scenario) / scenario.clients)
+        q = _participation_rate(scenario)
         return _account(
             self.sigma_for(scenario),
             q,
@@ -234,12 +286,21 @@ class _PerExampleDP(Defense):
 
     def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
         p = self.params
+        if p.sampling == "participation":
+            return _account_participation(self.sigma_for(scenario), scenario, train_size, p.delta)
         q, steps, local = self.sampling(scenario, train_size)
         return _account(self.sigma_for(scenario), q, steps, p.delta, "example", p.accountant, local)
 
 
 _NOISE_HELP = "example: N(0, sigma^2 C^2) per example (Algorithm 2); batch: once per batch (Abadi)"
-_Q_HELP = "example sampling rate q for accounting; 0 = B*K_t/N (Proposition 1; the paper sets 0.01)"
+_Q_HELP = (
+    "sampling=poisson: example sampling rate q for accounting; 0 = B*K_t/N (Proposition 1; "
+    "the paper sets 0.01)"
+)
+_SAMPLING_HELP = (
+    "accounting model: poisson (each local step a Poisson sample at q, the paper's Prop. 1) or "
+    "participation (the simulated mechanism: client participation per round, E steps per round)"
+)
 
 
 @dataclass(frozen=True)
@@ -252,11 +313,14 @@ class _PerExampleDPParams:
     )
     sample_rate: float = param(0.0, _Q_HELP, min=0, max=1)
     accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
+    sampling: Literal["poisson", "participation"] = param("poisson", _SAMPLING_HELP)
 
 
 @register_defense("fed-cdp", "fedcdp")
 class FedCDP(_PerExampleDP):
     """Fed-CDP: per-example, per-layer clipping to C and Gaussian noise sigma*C at every local step."""
+
+    version = "2"  # 2: RDP orders up to 10240 (epsilon of few steps is tighter); sampling param
 
     @dataclass(frozen=True)
     class Params(_PerExampleDPParams):
@@ -292,6 +356,8 @@ def decayed_clip(schedule: str, start: float, end: float, rnd: int, rounds: int,
 @register_defense("fed-cdp-decay", "fedcdp-decay")
 class FedCDPDecay(_PerExampleDP):
     """Fed-CDP(decay): Fed-CDP with a per-round clipping bound decaying from 6 to 2 (sigma fixed)."""
+
+    version = "2"  # 2: RDP orders up to 10240 (epsilon of few steps is tighter); sampling param
 
     @dataclass(frozen=True)
     class Params(_PerExampleDPParams):

@@ -1,15 +1,24 @@
-"""Privacy accounting for the DP defenses: epsilon of the sampled Gaussian mechanism, and its inverse.
+"""Privacy accounting for the DP defenses: epsilon of the sampled Gaussian mechanism, of example-level
+DP-SGD inside FL with client participation, and their inverses.
 
-Three accountants, named in every result row:
-- `rdp` (default): Opacus `RDPAccountant` (RDP of the sampled Gaussian mechanism, Mironov et al.
-  2019, over Opacus' default orders, with the improved RDP -> (epsilon, delta) conversion of Balle et
-  al. 2020).
+Three accountants of the sampled Gaussian mechanism (SGM), named in every result row:
+- `rdp` (default): RDP of the SGM (Mironov et al. 2019; Opacus' `compute_rdp`) over `ORDERS`
+  (Opacus' default orders 1.1-63 extended with integer orders up to 10240, so that the optimum of
+  small-epsilon settings is inside the list: sigma 6, q 0.0125, one step has its optimum at order
+  256, where Opacus' list stops at 63 and gives 0.103 instead of 0.020), with the improved
+  RDP -> (epsilon, delta) conversion of Balle et al. 2020. When the optimum still lies at an end
+  of the list, an `AccountingWarning` says so (the value is then a valid but loose bound).
 - `prv`: Opacus `PRVAccountant` (numerical composition of privacy loss random variables), a
   cross-check of `rdp` (it is tighter, and fails for some extreme settings: opacus#591).
 - `paper` (spec 002 §4.3): what TF-Privacy's `compute_dp_sgd_privacy` did when the Fed-CDP paper was
   written: the same RDP, the order list `[1.25, ..., 4.5] + range(5, 64) + [128, 256, 512]` and the
   *old* conversion epsilon = min_a RDP(a) - log(delta) / (a - 1). With the paper's step counts
   (`paper_steps`) it reproduces every cell of the paper's Table VI.
+
+And one accountant of a different mechanism, `participation_epsilon` (see there): example-level
+DP-SGD inside FL, where a selected client's examples take part in several local steps of its round
+and clients take part in a round with probability p. It is exact for that mechanism's dominating
+pair (a binomial mixture of Gaussians), so it needs no order list.
 
 Inputs are validated here (sigma > 0, q in (0, 1], steps >= 1, delta in (0, 1)): a bad value is a
 `FedbenchError` naming the input. Opacus and dp-accounting are imported inside the functions.
@@ -18,10 +27,17 @@ Inputs are validated here (sigma > 0, q in (0, 1], steps >= 1, delta in (0, 1)):
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from fedbench.errors import FedbenchError
+
+
+class AccountingWarning(UserWarning):
+    """The epsilon is a valid but possibly loose bound (e.g. the best RDP order is an end of the list)."""
+
 
 AccountantName = Literal["rdp", "prv", "paper"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv", "paper")
@@ -31,6 +47,16 @@ PAPER_ORDERS: tuple[float, ...] = (
     (1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5)
     + tuple(float(a) for a in range(5, 64))
     + (128.0, 256.0, 512.0)
+)
+
+# The `rdp` accountant's orders: Opacus' DEFAULT_ALPHAS (1.1, ..., 10.9, 12, ..., 63) and integer orders
+# up to 10240 (about 1.25x apart): large orders are where the optimum of few steps at a small q lies.
+ORDERS: tuple[float, ...] = (
+    tuple(1 + x / 10.0 for x in range(1, 100))
+    + tuple(float(a) for a in range(12, 64))
+    + (64.0, 80.0, 96.0, 112.0, 128.0, 160.0, 192.0, 224.0, 256.0, 320.0, 384.0, 448.0, 512.0)
+    + (640.0, 768.0, 896.0, 1024.0, 1280.0, 1536.0, 1792.0, 2048.0, 2560.0, 3072.0, 4096.0)
+    + (5120.0, 6144.0, 8192.0, 10240.0)
 )
 
 ACCOUNTANT_LABELS = {
@@ -60,6 +86,7 @@ class EpsilonResult:
     steps: int
     accountant: str
     order: float | None = None  # the optimal RDP order (rdp / paper accountants)
+    warning: str | None = None  # why the value may be loose (the optimum at an end of the order list)
 
     @property
     def label(self) -> str:
@@ -87,12 +114,45 @@ def validate(
 
 
 def sgm_rdp(sigma: float, q: float, steps: int, orders: tuple[float, ...]) -> list[float]:
-    """RDP of `steps` compositions of the sampled Gaussian mechanism at each order (Opacus' port of
-    TF-Privacy's `_compute_rdp`: the integer-order binomial sum and the fractional-order erfc series).
-    """
-    from opacus.accountants.analysis.rdp import compute_rdp
+    """RDP of `steps` compositions of the sampled Gaussian mechanism at each order (Mironov et al. 2019).
 
-    return [float(v) for v in compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=list(orders))]
+    Integer orders: the binomial sum log A_a = logsumexp_i [log C(a, i) + i log q + (a - i) log(1 - q)
+    + (i^2 - i) / (2 sigma^2)], vectorised (TF-Privacy's `_compute_log_a_int` is a Python loop over
+    i, slow at the large orders of `ORDERS`). Fractional orders: Opacus' `compute_rdp` (the erfc
+    series). q = 1 is the Gaussian mechanism, a / (2 sigma^2).
+    """
+    import numpy as np
+    from scipy.special import gammaln, logsumexp
+
+    ints = [a for a in orders if float(a).is_integer()]
+    fracs = [a for a in orders if not float(a).is_integer()]
+    out: dict[float, float] = {}
+    if fracs:
+        from opacus.accountants.analysis.rdp import compute_rdp
+
+        out.update(
+            zip(
+                fracs,
+                (float(v) for v in compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=fracs)),
+                strict=True,
+            )
+        )
+    for a in ints:
+        if q >= 1:
+            out[a] = steps * a / (2 * sigma**2)
+            continue
+        n = int(a)
+        i = np.arange(n + 1, dtype=float)
+        terms = (
+            gammaln(n + 1)
+            - gammaln(i + 1)
+            - gammaln(n - i + 1)
+            + i * math.log(q)
+            + (n - i) * math.log1p(-q)
+            + (i * i - i) / (2 * sigma**2)
+        )
+        out[a] = steps * float(logsumexp(terms)) / (n - 1)
+    return [out[a] for a in orders]
 
 
 def old_conversion(orders: tuple[float, ...], rdp: list[float], delta: float) -> tuple[float, float]:
@@ -105,36 +165,67 @@ def old_conversion(orders: tuple[float, ...], rdp: list[float], delta: float) ->
     return best, order
 
 
+def rdp_conversion(orders: tuple[float, ...], rdp: list[float], delta: float) -> tuple[float, float]:
+    """RDP -> (epsilon, delta) of Balle et al. 2020 (Theorem 21; Opacus and dp-accounting use it):
+    min over orders a of rdp(a) + log((a - 1) / a) - (log(delta) + log(a)) / (a - 1)."""
+    best, order = math.inf, None
+    for a, r in zip(orders, rdp, strict=True):
+        if not math.isfinite(r):
+            continue
+        eps = r + math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1)
+        if eps < best:
+            best, order = eps, a
+    return max(0.0, best), order
+
+
+def edge_warning(orders: tuple[float, ...], order: float | None, what: str) -> str | None:
+    """The message for an optimum at an end of the order list (None when it is inside)."""
+    if order is None or (order != orders[0] and order != orders[-1]):
+        return None
+    end = "largest" if order == orders[-1] else "smallest"
+    return (
+        f"{what}: the optimal RDP order {order:g} is the {end} of the accountant's order list "
+        f"({orders[0]:g}-{orders[-1]:g}), so the epsilon is a loose upper bound; extend the orders"
+    )
+
+
 def epsilon(
-    sigma: float, q: float, steps: int, delta: float, accountant: AccountantName = "rdp"
+    sigma: float,
+    q: float,
+    steps: int,
+    delta: float,
+    accountant: AccountantName = "rdp",
+    orders: tuple[float, ...] | None = None,
+    warn: bool = True,
 ) -> EpsilonResult:
-    """epsilon of `steps` sampled-Gaussian steps (noise multiplier sigma, sampling rate q) at delta."""
+    """epsilon of `steps` sampled-Gaussian steps (noise multiplier sigma, sampling rate q) at delta.
+
+    `orders` replaces the rdp accountant's order list (`ORDERS`; the paper accountant always uses
+    `PAPER_ORDERS`). When the optimal order is an end of the list, the result carries a `warning`
+    and, with `warn`, an `AccountingWarning` is issued (never silenced: the caller decides).
+    """
     validate(sigma, q, steps, delta, accountant)
     steps = int(steps)
-    if accountant == "paper":
-        eps, order = old_conversion(PAPER_ORDERS, sgm_rdp(sigma, q, steps, PAPER_ORDERS), delta)
-        return EpsilonResult(eps, delta, sigma, q, steps, accountant, order)
-    import warnings
-
-    if accountant == "rdp":
-        from opacus.accountants import RDPAccountant
-
-        acc = RDPAccountant()
-        acc.history = [(sigma, q, steps)]
-        with (
-            warnings.catch_warnings()
-        ):  # "optimal order is the largest alpha": the value is still an upper bound
-            warnings.simplefilter("ignore")
-            eps, order = acc.get_privacy_spent(delta=delta)
-        return EpsilonResult(float(eps), delta, sigma, q, steps, accountant, float(order))
+    what = f"epsilon of sigma={sigma:g}, q={q:g}, steps={steps}, delta={delta:g}"
+    if accountant in ("rdp", "paper"):
+        if accountant == "paper":
+            orders = PAPER_ORDERS
+            eps, order = old_conversion(orders, sgm_rdp(sigma, q, steps, orders), delta)
+        else:
+            orders = tuple(float(a) for a in (orders or ORDERS))
+            if not orders or min(orders) <= 1:
+                raise FedbenchError(f"orders {orders}: RDP orders must be numbers > 1")
+            eps, order = rdp_conversion(orders, sgm_rdp(sigma, q, steps, orders), delta)
+        message = edge_warning(orders, order, f"{what} ({ACCOUNTANT_LABELS[accountant]})")
+        if message and warn:
+            warnings.warn(message, AccountingWarning, stacklevel=2)
+        return EpsilonResult(float(eps), delta, sigma, q, steps, accountant, order, message)
     from opacus.accountants import PRVAccountant
 
     acc = PRVAccountant()
     acc.history = [(sigma, q, steps)]
     try:
-        with warnings.catch_warnings():  # PRV sizes its domain with RDP, which warns the same way
-            warnings.simplefilter("ignore")
-            eps = acc.get_epsilon(delta=delta)
+        eps = acc.get_epsilon(delta=delta)
     except Exception as exc:  # opacus#591: PRV cannot bound some settings; RDP still can
         raise FedbenchError(
             f"the prv accountant cannot compute epsilon for sigma={sigma}, q={q}, steps={steps}, "
@@ -158,32 +249,169 @@ def sigma_for_epsilon(
     gives a larger epsilon, which happens when delta >= q or the target is tiny) is a FedbenchError.
     """
     validate(None, q, steps, delta, accountant)
+
+    def eps_at(s: float, warn: bool = False) -> EpsilonResult:
+        return epsilon(s, q, steps, delta, accountant, warn=warn)
+
+    where = f"the {accountant} accountant at q={q}, steps={steps}, delta={delta}"
+    return calibrate_sigma(eps_at, target_epsilon, where, tolerance, sigma_max)
+
+
+def calibrate_sigma(
+    eps_at: Callable[..., EpsilonResult],
+    target_epsilon: float,
+    where: str,
+    tolerance: float = 1e-4,
+    sigma_max: float = 1e4,
+) -> EpsilonResult:
+    """Bisection on log(sigma) for the smallest sigma with eps_at(sigma).epsilon <= target_epsilon.
+
+    `eps_at(sigma, warn=False)` is the epsilon at one sigma; only the returned (final) sigma is
+    evaluated with warn=True, so a warning concerns the reported value, not a bisection probe.
+    """
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise FedbenchError(f"target epsilon {target_epsilon}: must be a finite number > 0")
 
-    def eps_at(s: float) -> float:
+    def value(s: float) -> float:
         try:
-            return epsilon(s, q, steps, delta, accountant).epsilon
+            return eps_at(s).epsilon
         except FedbenchError:
             return math.inf
 
-    hi_eps = eps_at(sigma_max)
+    hi_eps = value(sigma_max)
     if not hi_eps <= target_epsilon:
         raise FedbenchError(
-            f"target epsilon {target_epsilon} is unreachable with the {accountant} accountant at q={q}, "
-            f"steps={steps}, delta={delta}: even sigma={sigma_max:g} gives epsilon={hi_eps:.4g}; "
-            "raise the target, or lower q, steps or delta"
+            f"target epsilon {target_epsilon} is unreachable with {where}: even sigma={sigma_max:g} gives "
+            f"epsilon={hi_eps:.4g}; raise the target, or lower q, steps or delta"
         )
     lo, hi = 1e-3, sigma_max
-    if eps_at(lo) <= target_epsilon:
-        return epsilon(lo, q, steps, delta, accountant)
+    if value(lo) <= target_epsilon:
+        return eps_at(lo, warn=True)
     while hi / lo > 1 + tolerance:
         mid = math.sqrt(lo * hi)
-        if eps_at(mid) <= target_epsilon:
+        if value(mid) <= target_epsilon:
             hi = mid
         else:
             lo = mid
-    return epsilon(hi, q, steps, delta, accountant)
+    return eps_at(hi, warn=True)
+
+
+# ------------------------------------------------------------- example-level DP-SGD inside FL
+
+
+@dataclass(frozen=True)
+class ParticipationResult(EpsilonResult):
+    """epsilon of example-level DP-SGD in FL: `rounds` rounds, participation `q` per round, `uses`
+    noisy local steps per round in which a participating example takes part (`steps` = rounds)."""
+
+    uses: int = 1
+
+    @property
+    def label(self) -> str:
+        return PARTICIPATION_LABEL
+
+
+PARTICIPATION_LABEL = "exact-gaussian-mixture (client participation, no subsampling amplification)"
+
+
+def gaussian_delta(eps: float, mu: Any) -> Any:
+    """delta(eps) of the Gaussian mechanism with sensitivity / noise std = mu (Balle & Wang 2018):
+    Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2); 0 where mu = 0. Vectorised over mu."""
+    import numpy as np
+    from scipy.special import log_ndtr
+
+    mu = np.atleast_1d(np.asarray(mu, dtype=float))
+    out = np.zeros_like(mu)
+    pos = mu > 0
+    m = mu[pos]
+    a = np.exp(log_ndtr(-eps / m + m / 2))
+    b = np.exp(eps + log_ndtr(-eps / m - m / 2))
+    out[pos] = np.clip(a - b, 0.0, 1.0)
+    return out
+
+
+def participation_delta(eps: float, sigma: float, p: float, rounds: int, uses: int) -> float:
+    """delta(eps) of `rounds` rounds in each of which an example takes part with probability p (its
+    client is selected; independent across rounds) in `uses` Gaussian steps of noise multiplier sigma.
+
+    sum_j Binom(j; rounds, p) * delta_Gauss(eps; sqrt(j * uses) / sigma): the selection pattern is
+    independent of the data, so by joint convexity of the hockey-stick divergence delta is at most
+    the mean over patterns of the pattern's delta; given j participations the adaptive composition
+    of j * uses Gaussian steps is exactly the Gaussian mechanism with mu = sqrt(j * uses) / sigma
+    (Dong, Roth & Su 2019). The bound is tight when the selection is visible to the adversary.
+    """
+    return _participation_delta_fn(sigma, p, rounds, uses)(eps)
+
+
+def _participation_delta_fn(sigma: float, p: float, rounds: int, uses: int) -> Callable[[float], float]:
+    import numpy as np
+    from scipy.stats import binom
+
+    j = np.arange(rounds + 1)
+    weights = binom.pmf(j, rounds, p)
+    keep = weights > 1e-300
+    weights, mus = weights[keep], np.sqrt(j[keep] * uses) / sigma
+    return lambda eps: float(np.sum(weights * gaussian_delta(eps, mus)))
+
+
+def participation_epsilon(
+    sigma: float, p: float, rounds: int, uses: int, delta: float, warn: bool = True
+) -> ParticipationResult:
+    """epsilon at `delta` of example-level DP-SGD inside FL (the mechanism the simulation runs).
+
+    The mechanism: T rounds; in each round a client is selected with probability p = K_t / K
+    (independently across rounds: a fresh uniform draw of K_t out of K); a selected client runs its
+    local steps over its own data, each step the sum of flat-clipped per-example gradients (L2 <= C)
+    plus N(0, sigma^2 C^2) (per-example noise of std sigma*C is more noise, so it is covered); an
+    example takes part in `uses` of those steps (one per local epoch: each epoch is a shuffle of the
+    local data cut into batches, so every example is in exactly one batch per epoch).
+
+    Neighbouring datasets differ in one example replaced by a null example with zero gradient
+    ("zero-out", dp-accounting's REPLACE_SPECIAL): the relation under which a shuffled batch's sum has
+    sensitivity C (add/remove would shift the batch boundaries). No amplification by subsampling is
+    claimed: the batches are not Poisson samples, and client selection does not amplify an
+    example-level guarantee in epsilon, because the selected client's other data changes the output
+    whether or not the example is there (the rounds the client skips are not the neighbour's
+    output). What client selection does give is exact: the example is exposed in j ~ Binom(T, p)
+    rounds (`participation_delta`). epsilon is found by bisection on delta(eps) (decreasing in eps).
+    """
+    validate(sigma, p, rounds, delta)
+    if int(uses) != uses or uses < 1:
+        raise FedbenchError(f"uses={uses}: the steps an example is in per round must be an integer >= 1")
+    rounds, uses = int(rounds), int(uses)
+
+    d = _participation_delta_fn(sigma, p, rounds, uses)
+
+    lo, hi = 0.0, 1.0
+    if d(lo) > delta:
+        while d(hi) > delta:
+            lo, hi = hi, 2 * hi
+            if hi > 1e6:
+                raise FedbenchError(f"epsilon of sigma={sigma}, p={p}, rounds={rounds} exceeds 1e6")
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            if d(mid) > delta:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo <= 1e-9 * max(1.0, hi):
+                break
+    else:
+        hi = 0.0
+    return ParticipationResult(hi, delta, sigma, p, rounds, "participation", None, None, uses)
+
+
+def participation_sigma(
+    target_epsilon: float, p: float, rounds: int, uses: int, delta: float, tolerance: float = 1e-4
+) -> ParticipationResult:
+    """The smallest sigma whose `participation_epsilon` is <= target_epsilon (bisection)."""
+    validate(None, p, rounds, delta)
+
+    def eps_at(s: float, warn: bool = False) -> EpsilonResult:
+        return participation_epsilon(s, p, rounds, uses, delta, warn=warn)
+
+    where = f"client participation p={p}, rounds={rounds}, {uses} uses per round, delta={delta}"
+    return calibrate_sigma(eps_at, target_epsilon, where, tolerance)  # type: ignore[return-value]
 
 
 def paper_steps(steps: int, level: Literal["example", "client"], local_steps: int) -> int:
