@@ -167,7 +167,6 @@ def _participation_rate(scenario: Scenario) -> float:
 class FedSDP(Defense):
     """Fed-SDP: per-layer clip of each client update to C, Gaussian noise sigma*C (client or server)."""
 
-    version = "2"  # 2: RDP orders up to 10240 (epsilon of few rounds is tighter)
     paper = PAPER
 
     @dataclass(frozen=True)
@@ -247,6 +246,9 @@ class _PerExampleDP(Defense):
     """Per-layer clipping of every per-example gradient to C_t and Gaussian noise sigma*C_t."""
 
     paper = PAPER
+    # Epsilon is computed per row outside the cache (runner._accounting), so the accounting options
+    # change no cached result: `sampling` at its default keeps the run_ids of the runs before it.
+    key_optional = ("sampling",)
 
     def clip_at(self, ctx: HookContext) -> float:
         raise NotImplementedError
@@ -320,7 +322,6 @@ class _PerExampleDPParams:
 class FedCDP(_PerExampleDP):
     """Fed-CDP: per-example, per-layer clipping to C and Gaussian noise sigma*C at every local step."""
 
-    version = "2"  # 2: RDP orders up to 10240 (epsilon of few steps is tighter); sampling param
 
     @dataclass(frozen=True)
     class Params(_PerExampleDPParams):
@@ -357,7 +358,6 @@ def decayed_clip(schedule: str, start: float, end: float, rnd: int, rounds: int,
 class FedCDPDecay(_PerExampleDP):
     """Fed-CDP(decay): Fed-CDP with a per-round clipping bound decaying from 6 to 2 (sigma fixed)."""
 
-    version = "2"  # 2: RDP orders up to 10240 (epsilon of few steps is tighter); sampling param
 
     @dataclass(frozen=True)
     class Params(_PerExampleDPParams):
