@@ -115,6 +115,10 @@ class FRL(Defense):
     def loss(self, model, x, y, base_loss, ctx: HookContext):
         return self._state.loss(model, x, y, base_loss, ctx)
 
+    def sparsifying_hooks(self) -> tuple[str, ...]:
+        """GM sends only the selected entries (the rest wait in the residual): where it runs, it zeroes."""
+        return {"step": ("step",), "round": ("update",)}.get(self.params.gm, ())
+
     def step(self, grad, ctx: HookContext):
         return self._state.modify(grad, ctx.client) if self.params.gm == "step" else grad
 

@@ -90,6 +90,8 @@ def prune_mask(value, prune: float):
 class Soteria(Defense):
     """Soteria: prune the most revealing input features of an FC defend layer in the shared gradient."""
 
+    sparsifies = ("step",)  # zeroes the pruned input columns of the defend layer's weight gradient
+
     paper = Paper(
         "sun2021soteria",
         "Soteria: Provable Defense against Privacy Leakage in Federated Learning from Representation "
