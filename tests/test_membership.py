@@ -118,3 +118,33 @@ def test_loss_and_direct_attacks_detect_a_memorising_model():
     )
     out = core.net_output(net, probs["eval"], split.y_eval)
     assert membership_scores(split.is_member, out.scores, out.predictions).accuracy > 0.7
+
+
+def test_members_all_are_exactly_the_records_some_client_trained_on():
+    # issue 16 (3): members=all counted the server's reserved records (FRL's auxiliary set) as members
+    data = _run_data(reserved=tuple(range(40)))
+    split, _ = core.membership_split(data, 0, "all", "test", "uniform", 0, np.random.default_rng(0))
+    reserved_rows = data.bundle.x_train[:40]
+    trained = data.bundle.x_train[sorted(i for ix in data.client_indices for i in ix)]
+    members = torch.cat([split.x_in, split.x_eval[split.is_member == 1]])
+    for row in members:
+        assert not (reserved_rows == row).all(1).any(), "a reserved record was scored as a member"
+        assert (trained == row).all(1).any()
+    assert len(members) == min(160, 120)  # every non-reserved record is eligible; capped by the test split
+
+
+def test_row_states_how_many_members_and_non_members_were_scored():
+    from fedbench.metrics import attack_metrics
+
+    class _Attack:
+        family = "membership"
+
+    is_member = [1, 1, 1, 0, 0, 0]
+    result = {
+        "output": {"scores": [0.9, 0.8, 0.4, 0.3, 0.2, 0.6], "predictions": [1, 1, 0, 0, 0, 1],
+                   "extra": {"is_member": is_member}},
+        "truth": {},
+        "observation": {"point": "model"},
+    }
+    row = attack_metrics(_Attack(), result)
+    assert row["mia_n_members"] == 3 and row["mia_n_nonmembers"] == 3

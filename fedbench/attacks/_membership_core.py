@@ -1,7 +1,8 @@
 """Torch core of the membership-inference attacks (`fedbench.attacks.membership`).
 
 One evaluation design for every membership attack, so their rows compare:
-1. Members: the victim client's training examples (or every client's, `members=all`).
+1. Members: the victim client's training examples (or every client's, `members=all`; never the
+   server's reserved records, which no client trains on).
    Non-members: examples no client trained on, from the held-out test split (`source=test`) or the
    training examples beyond scenario.train_size (`source=unused-train`). With
    `nonmembers=class-matched` (spec 003 §2.2 default) each class contributes as many non-members as
@@ -56,7 +57,9 @@ def _nonmember_pool(data: RunData, source: str) -> tuple[torch.Tensor, torch.Ten
 
 def _member_indices(data: RunData, members: str, victim: int) -> np.ndarray:
     if members == "all":
-        return np.arange(data.train_size)
+        # exactly the records some client trained on: the server's reserved records (FRL's auxiliary
+        # set) are part of the training prefix but no client's data, so they are not members
+        return np.unique(np.concatenate([np.asarray(ix, dtype=np.int64) for ix in data.client_indices]))
     if victim < 0 or victim >= len(data.client_indices):
         raise FedbenchError(f"membership attack: victim client {victim} does not exist")
     return np.asarray(data.client_indices[victim], dtype=np.int64)

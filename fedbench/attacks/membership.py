@@ -104,7 +104,7 @@ class _NetParams(_DesignParams):
 class MIADirect(_MembershipAttack):
     """Membership inference, attack model trained on the victim's members and held-out non-members."""
 
-    version = "2"
+    version = "3"  # 3: members=all excludes the server's reserved records (issue 16)
 
     Params = _NetParams
 
@@ -146,7 +146,7 @@ def _fit_and_score(
 class MIAShadow(_MembershipAttack):
     """Membership inference with shadow models trained on the attacker's own data (Shokri et al.)."""
 
-    version = "2"
+    version = "3"  # 3: members=all excludes the server's reserved records (issue 16)
     paper = Paper(
         "shokri2017",
         "Membership Inference Attacks Against Machine Learning Models (Shokri et al., S&P 2017)",
@@ -196,7 +196,7 @@ class MIAShadow(_MembershipAttack):
 class MIALoss(_MembershipAttack):
     """Membership inference by a threshold on the true-label loss (or the top confidence)."""
 
-    version = "2"
+    version = "3"  # 3: members=all excludes the server's reserved records (issue 16)
     paper = Paper(
         "yeom2018",
         "Privacy Risk in Machine Learning: Analyzing the Connection to Overfitting (Yeom et al., CSF 2018)",

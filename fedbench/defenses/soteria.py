@@ -2,14 +2,19 @@
 
 At every local step, for the current batch x and the representation r (the input of the chosen
 fully connected "defend layer"), each feature f gets the importance of the reference implementation
-(GGL's `defense_soteria`): v_f = sum over the batch of ||dr_f/dx||_2 / r_f, the inverse of the
-paper's iota_f = |r_f| / ||dr_f/dx||. The `prune` fraction of features with the smallest v_f (the
+(Soteria's own `defense_soteria`, kept by GGL): v_f = sum over the batch of ||dr_bf/dx_b||_2 /
+(r_bf + 0.1), the inverse of the paper's iota_f = |r_f| / ||dr_f/dx|| with the reference's +0.1 in
+the denominator. The +0.1 matters at B > 1 on ReLU layers: a feature that is zero for one example has
+a zero Jacobian there and contributes 0 (without it, 0/0 made the whole feature's score infinite, so
+on an MLP 256-256 at B=32 almost every feature tied and pruning fell back to index order).
+The `prune` fraction of features with the smallest v_f (the
 largest iota_f: the most revealing) have their input columns of the defend layer's weight gradient
 zeroed; every other gradient is shared unchanged.
 
 All l feature Jacobians come from one batched backward pass (`is_grads_batched`, i.e. vmap over
 the backward, in chunks of features) instead of l separate passes. Features with r_f = 0 for the
-whole batch have a zero weight-gradient column already; they are ranked last (never pruned first).
+whole batch score 0 and are pruned first, which changes nothing: their weight-gradient column is
+already zero.
 BatchNorm running statistics are restored after the extra forward pass.
 
 The defend layer (`layer`): `last` = the input of the last nn.Linear (the GGL code; spec default),
@@ -43,8 +48,12 @@ def defend_layer(model, which: str):
     raise FedbenchError(f"soteria: layer '{which}' is not an nn.Linear of the model (linear layers: {names})")
 
 
+#: Added to r_bf in the score's denominator, as in the reference implementation (Soteria / GGL).
+_DENOMINATOR_OFFSET = 0.1
+
+
 def feature_scores(model, layer, x, chunk: int = 64):
-    """GGL's per-feature value sum_b ||dr_bf/dx_b|| / r_bf for the input r of `layer` ([l] tensor)."""
+    """The reference's per-feature value sum_b ||dr_bf/dx_b|| / (r_bf + 0.1) for the input r of `layer`."""
     import torch
 
     captured = {}
@@ -70,8 +79,7 @@ def feature_scores(model, layer, x, chunk: int = 64):
         with torch.no_grad():
             for k, v in model.named_buffers():
                 v.copy_(buffers[k])
-    value = (norms.T / r.detach()).sum(0)
-    return torch.nan_to_num(value.abs(), nan=float("inf"))
+    return (norms.T / (r.detach() + _DENOMINATOR_OFFSET)).sum(0).abs()
 
 
 def prune_mask(value, prune: float):
@@ -90,6 +98,7 @@ def prune_mask(value, prune: float):
 class Soteria(Defense):
     """Soteria: prune the most revealing input features of an FC defend layer in the shared gradient."""
 
+    version = "2"  # 2: the reference's r + 0.1 denominator (ReLU features no longer score infinite)
     sparsifies = ("step",)  # zeroes the pruned input columns of the defend layer's weight gradient
 
     paper = Paper(

@@ -44,6 +44,9 @@ def attack_metrics(attack: Any, result: dict[str, Any]) -> dict[str, Any]:
         # membership truth travels in its output; the scores and decisions are its own
         scored = membership_scores(extra["is_member"], output["scores"], output["predictions"])
         row.update(scored.row())
+        # how many members and non-members were scored (the evaluated half of the balanced design)
+        row["mia_n_members"] = int(sum(extra["is_member"]))
+        row["mia_n_nonmembers"] = len(extra["is_member"]) - row["mia_n_members"]
         return row
     if attack.family == "attribute":
         from fedbench.metrics.inference import attribute_metrics

@@ -153,24 +153,7 @@ def get_lpips(net: str = "alex", device: Any = "cpu", batch_size: int = 64) -> L
             _cache[key] = _build(net, path)
         model = _cache[key]
 
-    def lpips_distance(true: Any, rec: Any) -> np.ndarray:
-        import torch
-
-        a, b = _as_tensor(true), _as_tensor(rec)
-        if a.shape != b.shape:
-            raise ValueError(f"LPIPS inputs differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
-        a, b = _prepare(a, "true"), _prepare(b, "rec")
-        out = []
-        m = model.to(device)
-        with torch.no_grad():
-            for i in range(0, a.shape[0], batch_size):
-                d = m(a[i : i + batch_size].to(device), b[i : i + batch_size].to(device))
-                out.append(d.reshape(-1).double().cpu())
-        if not out:
-            return np.zeros(0, dtype=np.float64)
-        return torch.cat(out).numpy()
-
-    return lpips_distance
+    return _distance_fn(model, "LPIPS", device, batch_size)
 
 
 # ------------------------------------------------------------------------------------- in a run
@@ -261,6 +244,27 @@ def _build_st(net: str) -> Any:
     return model
 
 
+def _distance_fn(model: Any, label: str, device: Any, batch_size: int) -> LpipsFn:
+    """Per-image distances of a loaded (ST-)LPIPS network: inputs prepared alike, scored in batches."""
+
+    def distance(true: Any, rec: Any) -> np.ndarray:
+        import torch
+
+        a, b = _as_tensor(true), _as_tensor(rec)
+        if a.shape != b.shape:
+            raise ValueError(f"{label} inputs differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+        a, b = _prepare(a, "true"), _prepare(b, "rec")
+        out = []
+        m = model.to(device)
+        with torch.no_grad():
+            for i in range(0, a.shape[0], batch_size):
+                d = m(a[i : i + batch_size].to(device), b[i : i + batch_size].to(device))
+                out.append(d.reshape(-1).double().cpu())
+        return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.float64)
+
+    return distance
+
+
 def get_st_lpips(net: str = "alex", device: Any = "cpu", batch_size: int = 64) -> LpipsFn | None:
     """A per-image ST-LPIPS distance function (same inputs and outputs as `get_lpips`), or None when
     `stlpips-pytorch` is not installed. Images are prepared like LPIPS's (grayscale repeated to RGB,
@@ -272,22 +276,7 @@ def get_st_lpips(net: str = "alex", device: Any = "cpu", batch_size: int = 64) -
             _st_cache[net] = _build_st(net)
         model = _st_cache[net]
 
-    def st_lpips_distance(true: Any, rec: Any) -> np.ndarray:
-        import torch
-
-        a, b = _as_tensor(true), _as_tensor(rec)
-        if a.shape != b.shape:
-            raise ValueError(f"ST-LPIPS inputs differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
-        a, b = _prepare(a, "true"), _prepare(b, "rec")
-        out = []
-        m = model.to(device)
-        with torch.no_grad():
-            for i in range(0, a.shape[0], batch_size):
-                d = m(a[i : i + batch_size].to(device), b[i : i + batch_size].to(device))
-                out.append(d.reshape(-1).double().cpu())
-        return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.float64)
-
-    return st_lpips_distance
+    return _distance_fn(model, "ST-LPIPS", device, batch_size)
 
 
 def run_st_lpips(net: str = "alex") -> tuple[LpipsFn | None, str | None]:
