@@ -129,11 +129,13 @@ def _fedbench(*args: str) -> list[str]:
 # ------------------------------------------------------------------------------------ interruption
 
 
+# Each run sleeps long enough that the 3 runs after the signal point outlast a poller descheduled on a
+# loaded machine (0.12 s per run let the grid finish before the signal under load).
 SLOW_GRID = (
     "run",
     "smoke",
     "-D",
-    "test-slow[seconds=0.12,tag=[0,1,2,3,4,5]]",
+    "test-slow[seconds=0.5,tag=[0,1,2,3,4,5]]",
     "--set",
     "scenario.rounds=1",
     "--set",
