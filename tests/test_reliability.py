@@ -129,13 +129,11 @@ def _fedbench(*args: str) -> list[str]:
 # ------------------------------------------------------------------------------------ interruption
 
 
-# Each run sleeps long enough that the 3 runs after the signal point outlast a poller descheduled on a
-# loaded machine (0.12 s per run let the grid finish before the signal under load).
 SLOW_GRID = (
     "run",
     "smoke",
     "-D",
-    "test-slow[seconds=0.5,tag=[0,1,2,3,4,5]]",
+    "test-slow[seconds=0.12,tag=[0,1,2,3,4,5]]",
     "--set",
     "scenario.rounds=1",
     "--set",
@@ -147,7 +145,12 @@ SLOW_GRID = (
 
 def _start_and_signal(args: list[str], cache: Path, sig: int, after: int) -> tuple:
     """Start `fedbench run`, signal it once `after` runs are in the cache; (process, stderr, child pids)."""
-    proc = subprocess.Popen(_fedbench(*args), stdout=PIPE, stderr=PIPE, text=True, env=_env())
+    # default SIGINT in the child, as in a terminal: a test session started in the background of a
+    # non-interactive shell inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored
+    proc = subprocess.Popen(
+        _fedbench(*args), stdout=PIPE, stderr=PIPE, text=True, env=_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 90
     # `after` runs in the cache: the earlier ones have certainly been reported back to the grid by then
     while len(_entries(cache)) < after and proc.poll() is None and time.monotonic() < deadline:
