@@ -30,14 +30,6 @@ HOOKS = ("prepare_data", "loss", "per_example", "step", "update", "receive", "ag
 DOC = Path(__file__).resolve().parents[1] / "docs" / "threat-model.md"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
-
-
 @pytest.fixture(scope="module")
 def digits():
     return load_dataset("digits")
