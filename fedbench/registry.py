@@ -50,6 +50,7 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.attribute_inference",
     "fedbench.defenses.recup",
     "fedbench.attacks.membership",
+    "fedbench.attacks.lira",
 )
 ENTRY_POINT_GROUP = "fedbench.plugins"
 

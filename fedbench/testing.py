@@ -58,6 +58,8 @@ ATTRIBUTE_DEFENSES = ("recup-fl",)  # attacks of the `attribute` family need the
 CHEAPEST: dict[str, dict[str, Any]] = {
     "attribute-inference": {"pool_size": 40, "epochs": 2, "stru_widths": [8]},
     "recup-fl": {"zoo": 2, "widths": [8], "epochs": 2, "p": 2, "q": 2, "pool_size": 40},
+    "mia-lira": {"shadows": 2, "shadow_epochs": 2},
+    "mia-shadow": {"shadows": 1, "shadow_epochs": 2},
 }
 TINY_MODEL = ("mlp", {"hidden": [8]})
 # Columns that measure the machine or the moment, not the method: left out of the determinism check.

@@ -300,3 +300,31 @@ def test_checks_and_params():
     assert InvertingGradients().settings(META)["tv_weight"] == 0.0
     rgb = DatasetMeta("cifar", (3, 32, 32), 10, "image", (0.5,) * 3, (0.25,) * 3)
     assert InvertingGradients().settings(rgb)["tv_weight"] == 1e-4
+
+
+def test_lbfgs_that_diverges_keeps_each_candidates_best_finite_iterate():
+    # a quadratic whose objective turns NaN after a few evaluations (as a noisy target can make L-BFGS
+    # without a line search overshoot): the run returns the best finite iterate, flagged as diverged
+    calls = {"n": 0}
+
+    def closure(z):
+        calls["n"] += 1
+        loss = ((z - 1.0) ** 2).sum(1)
+        grad = 2 * (z - 1.0)
+        if calls["n"] > 3:
+            loss = loss * float("nan")
+        return loss, grad
+
+    z0 = torch.zeros(2, 4)
+    z, final, _iters, _evals, _success, dead = inv._lbfgs(closure, z0, 10, 0.1, 5, 10, None, False, "dlg")
+    assert dead == [True, True]
+    assert torch.isfinite(final).all() and (final < 4.0).all()  # better than the start (loss 4)
+    assert torch.allclose(((z - 1.0) ** 2).sum(1), final)
+
+
+def test_lbfgs_with_no_finite_objective_fails_naming_the_attack():
+    def closure(z):
+        return torch.full((z.shape[0],), float("nan")), torch.zeros_like(z)
+
+    with pytest.raises(RunFailure, match="dlg: non-finite objective"):
+        inv._lbfgs(closure, torch.zeros(2, 3), 5, 0.1, 5, 10, None, False, "dlg")

@@ -9,6 +9,7 @@ import pytest
 from test_tables import make_rows, write_synthetic
 
 from fedbench.errors import FedbenchError
+from fedbench.reporting import board_build, board_schema, ranking
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.tables import load_results
 
@@ -22,19 +23,19 @@ def test_pareto_rank_with_ties_and_dominated_points():
     #            a     b     c (tie a) d (dominated by a)  e (dominated by d)  f (trade-off vs a)
     utility = [0.90, 0.80, 0.90, 0.85, 0.70, 0.95]
     leakage = [20.0, 10.0, 20.0, 25.0, 30.0, 28.0]
-    assert lb.pareto_rank(utility, leakage) == [1, 1, 1, 2, 3, 1]
-    order = lb.ranked_order(utility, leakage, list("abcdef"))
+    assert ranking.pareto_rank(utility, leakage) == [1, 1, 1, 2, 3, 1]
+    order = ranking.ranked_order(utility, leakage, list("abcdef"))
     assert order == [5, 0, 2, 1, 3, 4]  # rank 1 by utility (a and c tied: by label), then d, e
 
 
 def test_pareto_rank_equal_utility_less_leakage_dominates():
-    assert lb.pareto_rank([0.9, 0.9], [10.0, 12.0]) == [1, 2]
-    assert lb.pareto_rank([0.9, 0.8], [10.0, 10.0]) == [1, 2]
+    assert ranking.pareto_rank([0.9, 0.9], [10.0, 12.0]) == [1, 2]
+    assert ranking.pareto_rank([0.9, 0.8], [10.0, 10.0]) == [1, 2]
 
 
 def test_pareto_rank_missing_leakage_counts_as_worst():
-    assert lb.pareto_rank([0.9, 0.8, 0.7], [None, 10.0, float("nan")]) == [1, 1, 2]
-    assert lb.pareto_rank([0.9, 0.8], [None, None]) == [1, 2]  # utility alone
+    assert ranking.pareto_rank([0.9, 0.8, 0.7], [None, 10.0, float("nan")]) == [1, 1, 2]
+    assert ranking.pareto_rank([0.9, 0.8], [None, None]) == [1, 2]  # utility alone
 
 
 # ----------------------------------------------------------------------------------------- entries
@@ -221,7 +222,7 @@ def test_schema_errors_name_the_file_and_the_key_in_one_line(board_root, file, p
 def test_board_round_trips_through_its_schema(board_root):
     board, _ = lb.load_board(board_root / "synthetic")
     text = (board_root / "synthetic" / lb.BOARD_FILE).read_text()
-    assert json.loads(text) == board.to_json() and board.to_json()["schema"] == lb.SCHEMA_VERSION
+    assert json.loads(text) == board.to_json() and board.to_json()["schema"] == board_schema.SCHEMA_VERSION
 
 
 def test_readme_templates_ship_with_the_package():
@@ -257,9 +258,9 @@ def test_batch_pareto_ranks_equal_pareto_rank_per_sample():
     leak = rng.integers(0, 4, size=(300, 7)).astype(float)
     util[rng.random(util.shape) < 0.1] = np.nan
     leak[rng.random(leak.shape) < 0.1] = np.nan
-    batch = lb.pareto_ranks_batch(util, leak)
+    batch = ranking.pareto_ranks_batch(util, leak)
     for s in range(len(util)):
-        assert batch[s].tolist() == lb.pareto_rank(util[s].tolist(), leak[s].tolist()), s
+        assert batch[s].tolist() == ranking.pareto_rank(util[s].tolist(), leak[s].tolist()), s
 
 
 def test_rank_stability_matches_the_exact_bootstrap_probability():
@@ -267,26 +268,26 @@ def test_rank_stability_matches_the_exact_bootstrap_probability():
     leakage. A resample of A's two seeds has mean 0.9 (p 1/4: A alone on the front), 0.7 (1/4: B alone)
     or 0.8 (1/2: both rank 1), so each keeps its reported rank 1 with probability 3/4."""
     per_seed = [([0.9, 0.7], [10.0, 10.0]), ([0.8, 0.8], [10.0, 10.0])]
-    a, b = lb.rank_stability(per_seed, [1, 1])
+    a, b = ranking.rank_stability(per_seed, [1, 1])
     assert a["same_rank"] == pytest.approx(0.75, abs=0.04) and b["same_rank"] == pytest.approx(0.75, abs=0.04)
     assert a["interval"] == [1, 2] and b["interval"] == [1, 2]
-    assert a["resamples"] == lb.STABILITY_RESAMPLES and a["rng_seed"] == lb.STABILITY_SEED
-    assert lb.rank_stability(per_seed, [1, 1]) == [a, b]  # a fixed RNG seed: reproducible
-    assert lb.rank_stability(per_seed, [1, 1], seed=1) != [a, b]
+    assert a["resamples"] == ranking.STABILITY_RESAMPLES and a["rng_seed"] == ranking.STABILITY_SEED
+    assert ranking.rank_stability(per_seed, [1, 1]) == [a, b]  # a fixed RNG seed: reproducible
+    assert ranking.rank_stability(per_seed, [1, 1], seed=1) != [a, b]
 
 
 def test_rank_stability_of_separated_and_single_seed_configurations():
     far = [([0.9, 0.91, 0.9], [5.0, 5.1, 5.0]), ([0.5, 0.52, 0.51], [20.0, 21.0, 19.0])]
-    assert [(s["same_rank"], s["interval"]) for s in lb.rank_stability(far, [1, 2])] == [
+    assert [(s["same_rank"], s["interval"]) for s in ranking.rank_stability(far, [1, 2])] == [
         (1.0, [1, 1]),
         (1.0, [2, 2]),
     ]
     # a reported rank the bootstrap never gives has share 0 (the interval says where the rank lies)
-    assert lb.rank_stability(far, [2, 1])[0]["same_rank"] == 0.0
-    one = lb.rank_stability([([0.9], [5.0]), ([0.8], [float("nan")])], [1, 2])
+    assert ranking.rank_stability(far, [2, 1])[0]["same_rank"] == 0.0
+    one = ranking.rank_stability([([0.9], [5.0]), ([0.8], [float("nan")])], [1, 2])
     assert [s["same_rank"] for s in one] == [1.0, 1.0]  # nothing to resample; missing leakage = worst
     with pytest.raises(ValueError, match="one utility and one leakage value per seed"):
-        lb.rank_stability([([0.9, 0.8], [5.0])], [1])
+        ranking.rank_stability([([0.9, 0.8], [5.0])], [1])
 
 
 def test_rank_stability_resamples_seeds_jointly():
@@ -294,14 +295,14 @@ def test_rank_stability_resamples_seeds_jointly():
     front, so no resample of A's seeds dominates B or is dominated by it; drawn independently, half
     the resamples would pair A's high accuracy with its low leakage and push B to rank 2."""
     per_seed = [([0.9, 0.7], [20.0, 10.0]), ([0.8, 0.8], [15.0, 15.0])]
-    assert [s["same_rank"] for s in lb.rank_stability(per_seed, [1, 1])] == [1.0, 1.0]
+    assert [s["same_rank"] for s in ranking.rank_stability(per_seed, [1, 1])] == [1.0, 1.0]
 
 
 def test_entries_carry_rank_stability_and_the_readme_states_it(board_root):
     board, entries = lb.load_board(board_root / "synthetic")
     stable = {e["defense"]: e["rank_stability"] for e in entries}
     assert set(stable) == {e["defense"] for e in entries}
-    shown = {e["defense"]: rank for rank, e in lb.ranked(board, entries)}
+    shown = {e["defense"]: rank for rank, e in ranking.ranked(board, entries)}
     assert all(s["rank"] == shown[d] for d, s in stable.items())
     readme = (board_root / "synthetic" / lb.README_FILE).read_text()
     assert "| rank   | rank stability   | defense" in readme
@@ -310,7 +311,7 @@ def test_entries_carry_rank_stability_and_the_readme_states_it(board_root):
     header = (board_root / "synthetic" / lb.CSV_FILE).read_text().splitlines()[0]
     assert header.startswith("rank,defense,defense_name,rank_same,rank_low,rank_high,test_acc,")
     compact = lb.board_pivot(board, entries, compact=True)
-    assert compact.extra[lb.STABILITY_COLUMN] == ("100% [1]",) * 3
+    assert compact.extra[ranking.STABILITY_COLUMN] == ("100% [1]",) * 3
 
 
 def test_per_seed_values_are_those_the_board_averages(tmp_path):
@@ -331,7 +332,7 @@ def test_per_seed_values_are_those_the_board_averages(tmp_path):
         board, entries = lb.build(rs)
         ok = rs.frame[rs.frame["status"] == "ok"]
         p = pivot(ok, metrics=["psnr", "utility_seconds"], rows=["defense"], per_image=rs.per_image)
-        values = lb._per_seed(ok, p, "psnr", rs.per_image)
+        values = board_build._per_seed(ok, p, "psnr", rs.per_image)
         for e in entries:
             util, leak = values[e["defense"]]
             assert len(util) == len(leak) == 2
@@ -373,8 +374,8 @@ def test_out_of_date_rank_stability_renders_as_such(board_root, edit):
     folder = board_root / "synthetic"
     _edit_entry(folder, "none", edit)
     board, entries = lb.load_board(folder)
-    assert lb.stability_state(board, entries) is False
-    assert set(lb.board_pivot(board, entries).extra[lb.STABILITY_COLUMN]) == {"—"}
+    assert ranking.stability_state(board, entries) is False
+    assert set(lb.board_pivot(board, entries).extra[ranking.STABILITY_COLUMN]) == {"—"}
     readme = lb.render_readme(board, entries)
     assert "Rank stability: out of date" in readme and "bootstrap resamples" not in readme
     assert ",none,none,,,," in lb.render_csv(board, entries)  # rank_same, rank_low, rank_high empty

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from fedbench.cli import app
 from fedbench.reporting import leaderboard as lb
-from fedbench.reporting import site
+from fedbench.reporting import ranking, site
 
 COMMITTED = Path(__file__).resolve().parents[1] / "leaderboards"
 runner = CliRunner()
@@ -107,7 +107,7 @@ def test_board_page_shows_the_ranked_table_and_its_sections(committed_site):
     name = "mnist5k-mlp-fedavg"
     board, entries = lb.load_board(COMMITTED / name)
     html = (committed_site / name / site.PAGE).read_text()
-    order = [e["defense"] for _, e in lb.ranked(board, entries)]
+    order = [e["defense"] for _, e in ranking.ranked(board, entries)]
     cells = re.findall(r'<td data-sort="([^"]*)">([^<]*)</td>', html)
     defenses = [text for sort, text in cells if text in order]
     assert defenses == order  # the README's order

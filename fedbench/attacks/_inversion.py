@@ -22,10 +22,11 @@ iteration (its finiteness flag and success record stay on the device, read every
 `FINITE_CHECK_EVERY` iterations); L-BFGS reads one boolean per evaluation for its per-candidate
 stopping tests, which decide the control flow as in `torch.optim.LBFGS`.
 
-Non-finite objectives raise `RunFailure`. With R > 1 restarts under L-BFGS, a candidate that
-diverges is frozen at its last finite point and dropped from the best-restart choice; the run fails
-only when every candidate diverged (signed Adam cannot diverge inside the box, so any non-finite
-value there fails the run).
+Non-finite objectives: under L-BFGS (no line search, so a noisy or pruned target can make it
+overshoot), a candidate that diverges is frozen and keeps its best finite iterate, which is what an
+attacker holds (the row lists the diverged candidates in `diverged`); the best restart is chosen over
+those iterates, and the run fails only when no candidate ever had a finite objective. Signed Adam
+cannot diverge inside the box, so any non-finite value there fails the run.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ class Reconstruction:
 
     x: torch.Tensor  # [R, B, C, H, W] normalised
     label_logits: torch.Tensor | None  # [R, B, K] when labels were optimised
-    objective: torch.Tensor  # [R] final objective (inf for diverged candidates)
+    objective: torch.Tensor  # [R] each candidate's best finite objective (inf when it never had one)
     iterations: int
     evaluations: int
     iterations_to_success: list[int | None] = field(default_factory=list)
@@ -467,8 +468,6 @@ def _lbfgs(
         if bool(bad.any()):
             zz[bad] = snapshot[bad]
             dead = dead | bad
-            if bool(dead.all()):
-                raise _fail(name, i)
 
     for i in range(iterations):
         snapshot = z.clone()
@@ -476,6 +475,8 @@ def _lbfgs(
         evals += 1
         check(loss, g, z, snapshot, i)
         keep_best(loss, z)
+        if bool(dead.all()):  # every candidate diverged: each keeps its best finite iterate
+            break
         alive = ~dead
         alive_loss = torch.where(alive, loss, torch.full_like(loss, math.inf))
         success = _record_success(success, alive_loss, success_threshold, i)
@@ -555,8 +556,12 @@ def _lbfgs(
     snapshot = z.clone()
     check(final, g, z, snapshot, done_iters)
     keep_best(final, z)
-    z, final = best_z, torch.where(dead, torch.full_like(best_loss, math.inf), best_loss)
-    success = _record_success(success, final, success_threshold, done_iters)
+    if not bool(torch.isfinite(best_loss).any()):
+        raise _fail(name, done_iters)
+    z, final = best_z, best_loss
+    success = _record_success(
+        success, torch.where(dead, torch.full_like(final, math.inf), final), success_threshold, done_iters
+    )
     return z, final, done_iters, evals, _success_list(success), dead.tolist()
 
 

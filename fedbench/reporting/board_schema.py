@@ -47,6 +47,51 @@ privacy target), as `fedbench compare --budget/--target` take them."""
 Names = Annotated[tuple[str, ...], Field(strict=False)]  # a JSON list, held as a tuple
 
 
+class Gap(FileModel):
+    """The no-defense worst case minus the baseline: the mean over seeds and its 95 % t interval (low and
+    high are None with one seed)."""
+
+    mean: float
+    low: float | None = None
+    high: float | None = None
+    n: Annotated[int, Field(ge=1)]
+
+
+class Baseline(FileModel):
+    """What an attack achieves by guessing, in the headline metric: the random-image floor (psnr/ssim of
+    uniform random images, the mean of the rows' `column`), the chance level of membership (AUC 0.5, the
+    base rate) or the majority-class rate of attribute inference; `gap` is `none`'s distance to it."""
+
+    metric: MetricName
+    value: float
+    kind: str  # "random image", "chance", "majority class"
+    column: str = ""  # the results column it is the mean of ("" for a constant)
+    gap: Gap | None = None
+
+
+class BoardCost(FileModel):
+    """What building the board costs: each FL training counted once (all attacks and observation points
+    of a training read the same run), plus every attack run."""
+
+    utility_seconds: float
+    attack_seconds: float
+    trainings: Annotated[int, Field(ge=0)]
+    attack_runs: Annotated[int, Field(ge=0)]
+
+
+class ReportedRow(FileModel):
+    """A paper's own number for a configuration on the board (a `[[reported]]` row of its preset): where it
+    applies, its values, and how the paper's setting differs (`conditions`, `source`, `note`)."""
+
+    dataset: str = ""
+    defense: str
+    attack: str = ""
+    values: dict[MetricName, float]
+    conditions: dict[str, str] = {}
+    source: str = ""
+    note: str = ""
+
+
 class Board(FileModel):
     """board.json: one scenario slice with a fixed attack suite, its headline metric and how to rerun it."""
 
@@ -62,6 +107,12 @@ class Board(FileModel):
     preset: str = ""
     substitution: str = ""  # what stands in for the paper's data, when something does
     views: Annotated[tuple[View, ...], Field(strict=False)] = ()
+    # optional (boards built before them load and render without them)
+    threat_model: str = ""  # who the attacker is, what it sees and knows ([grid.board] threat_model)
+    baseline: Baseline | None = None  # the random-image floor / chance level of the headline
+    build_seconds: float | None = None  # compute time of all the board's runs (cost.*: the parts)
+    cost: BoardCost | None = None
+    reported: Annotated[tuple[ReportedRow, ...], Field(strict=False)] = ()  # the papers' numbers
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -84,12 +135,26 @@ class Cost(FileModel):
     attack_seconds: float | None = None
 
 
+class EpsLower(FileModel):
+    """The empirical lower bound on epsilon of a privacy audit (membership attacks' scores): the largest
+    over the configuration's runs (each a one-sided 95 % bound at `delta`), the run that gave it."""
+
+    max: Annotated[float, Field(ge=0)]
+    attack: str
+    seed: int
+    n: Annotated[int, Field(ge=1)]  # runs with a bound
+    delta: float | None = None
+
+
 class EntryMetrics(FileModel):
     test_acc: Stat
     acc_drop: Stat | None = None
-    epsilon: float | None = None
+    epsilon: float | None = None  # None: no formal guarantee, or (epsilon_infinite) no finite bound
     delta: float | None = None
     dp_level: str | None = None
+    accountant: str | None = None
+    epsilon_infinite: bool = False  # the accountant gave no finite epsilon (rendered as ∞)
+    eps_lower: EpsLower | None = None
     leakage: dict[str, dict[str, Stat | None]] | None = None  # attack -> metric -> stat
     worst_case: dict[MetricName, Stat | None] | None = None  # over the attack suite
     cost: Cost | None = None
@@ -108,7 +173,7 @@ def _interval(bounds: list[int]) -> list[int]:
 
 
 class RankStability(FileModel):
-    """How stable an entry's Pareto rank is under a bootstrap over seeds (`leaderboard.rank_stability`):
+    """How stable an entry's Pareto rank is under a bootstrap over seeds (`ranking.rank_stability`):
     the rank the board gave it when it was built, the share of resamples giving that rank, and the 95 %
     percentile interval of its rank. Optional in an entry: boards exported before it render without the
     rank-stability column, as they always did."""

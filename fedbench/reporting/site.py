@@ -5,7 +5,7 @@ threat model, the command that rebuilds it, the trade-off plot and the papers' r
 HTML/CSS and a few lines of hand-written JS (`static/`), copied into the site: a page loads nothing
 from the network, so the folder can be opened from disk or served by any static host.
 
-Everything comes from the committed JSON entries through the leaderboard module (`load_board`,
+Everything comes from the committed JSON entries through the leaderboard modules (`load_board`,
 `ranked`, `board_pivot`, `format_cell`, `tradeoff_points`): the site shows the numbers the README
 shows, in the same order. What needs cached runs (reconstruction grids) is named, not drawn.
 
@@ -28,7 +28,8 @@ import jinja2
 import markupsafe
 
 from fedbench.errors import FedbenchError
-from fedbench.metrics.catalogue import METRICS, metric
+from fedbench.metrics.catalogue import metric
+from fedbench.reporting import board_notes, ranking
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.board_schema import Board
 from fedbench.reporting.tables import Pivot, format_cell
@@ -80,7 +81,7 @@ def table(p: Pivot) -> dict[str, Any]:
         cells += [{"text": k, "sort": k} for k in key]
         for c in p.columns:
             cell = p.cell(i, c.key)
-            value = "" if cell.value is None else repr(float(cell.value))
+            value = "" if cell.value is None else repr(float(cell.value)).replace("inf", "Infinity")
             cells.append({"text": format_cell(cell, c.metric), "sort": value})
         rows.append(cells)
     return {"caption": p.title, "headers": headers, "rows": rows}
@@ -90,7 +91,9 @@ def scenario_rows(board: Board, entries: list[dict[str, Any]]) -> list[tuple[str
     """(what, value) of the board's scenario, as its README's scenario table lists it."""
     sc = board.scenario
     training = ", ".join(
-        f"{k[3:]}={v}" for k, v in sc.items() if k.startswith("sc_") and k not in OBSERVATION
+        f"{k[3:]}={lb.scenario_value(v)}"
+        for k, v in sc.items()
+        if k.startswith("sc_") and k not in OBSERVATION
     )
     rows = [
         ("dataset", str(sc.get("dataset", ""))),
@@ -102,43 +105,31 @@ def scenario_rows(board: Board, entries: list[dict[str, Any]]) -> list[tuple[str
 
 
 def threat_model(board: Board, entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(what, value) of the attacker: the suite, where it looks, and how the leakage is scored."""
+    """(what, value) of the attacker: the board's threat model, the suite, where it looks, and how the
+    leakage is scored."""
+    stated = [("attacker", board.threat_model)] if board.threat_model else []
     if not board.attack_suite:
-        return [("attack suite", "— (utility only: no attack is run on this board)")]
+        return [*stated, ("attack suite", "— (utility only: no attack is run on this board)")]
     head = metric(board.headline)
-    observe = ", ".join(f"{k[3:]}={board.scenario[k]}" for k in OBSERVATION if k in board.scenario)
+    observe = ", ".join(
+        f"{k[3:]}={lb.scenario_value(board.scenario[k])}" for k in OBSERVATION if k in board.scenario
+    )
     return [
+        *stated,
         ("attack suite", ", ".join(board.attack_suite)),
         ("attacker observes", observe or "the defaults of the scenario"),
         ("headline leakage", f"{head.name} {head.arrow} ({head.direction})"),
-        ("worst case", lb.worst_rule(entries, board.headline)),
+        ("worst case", board_notes.worst_rule(entries, board.headline)),
     ]
 
 
-def reported_rows(board: Board, preset_dirs: tuple[Path, ...] = ()) -> dict[str, Any] | None:
-    """The papers' own numbers for the board: the `[[reported]]` rows of the preset that built it
-    (None when the board names no preset, the preset is not found, or it carries none)."""
-    from fedbench.spec.grid import find_preset, load_preset
-
-    if not board.preset:
-        return None
-    try:
-        rows = load_preset(find_preset(board.preset, preset_dirs), preset_dirs).get("reported") or []
-    except FedbenchError:
-        return None
-    rows = [r for r in rows if "defense" in r]
-    if not rows:
-        return None
-    names = list(dict.fromkeys(k for r in rows for k in r if k in METRICS))
-    return {
-        "headers": ["dataset", "defense", "attack", *(METRICS[n].header for n in names), "source"],
-        "rows": [
-            [str(r.get("dataset", "")), str(r["defense"]), str(r.get("attack", ""))]
-            + [METRICS[n].fmt(float(r[n])) if isinstance(r.get(n), int | float) else "" for n in names]
-            + [" ".join(str(r[k]) for k in ("source", "note") if r.get(k))]
-            for r in rows
-        ],
-    }
+def reported_rows(
+    board: Board, entries: list[dict[str, Any]], preset_dirs: tuple[Path, ...] = ()
+) -> dict[str, Any] | None:
+    """The papers' own numbers for the board (`leaderboard.board_reported`: those board.json keeps, or
+    the matching `[[reported]]` rows of the preset that built it) as the README's table; None when
+    there are none."""
+    return board_notes.reported_table(board_notes.board_reported(board, entries, preset_dirs))
 
 
 # ---------------------------------------------------------------------------------------- pages
@@ -188,11 +179,20 @@ def board_page(
             table=table(lb.board_pivot(board, entries)),
             scenario=scenario_rows(board, entries),
             threat=threat_model(board, entries),
-            stability=lb.stability_note(board, entries),
+            stability=ranking.stability_note(board, entries),
             views=lb.board_views(board, entries),
             plot="" if no_plot else PLOT,
             no_plot=no_plot,
-            reported=reported_rows(board, preset_dirs),
+            reported=reported_rows(board, entries, preset_dirs),
+            notes=[
+                n
+                for n in (
+                    board_notes.baseline_note(board, entries),
+                    board_notes.audit_note(board, entries),
+                    board_notes.cost_note(board),
+                )
+                if n
+            ],
             rebuilds_itself=board.command.startswith("fedbench leaderboard build"),
         )
     )
@@ -207,7 +207,7 @@ def _summary(board: Board, entries: list[dict[str, Any]]) -> BoardSite:
         scenario=f"{sc.get('dataset', '')} / {sc.get('model', '')}",
         attack_suite=", ".join(board.attack_suite) or "—",
         entries=len(entries),
-        rank1=lb.ranked(board, entries)[0][1]["defense"],
+        rank1=ranking.ranked(board, entries)[0][1]["defense"],
     )
 
 

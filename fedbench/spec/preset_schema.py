@@ -21,6 +21,7 @@ class BoardTable(FileModel):
     name: str | None = None
     title: str | None = None
     description: str | None = None
+    threat_model: str | None = None  # who attacks, what it observes and knows (the board's README states it)
     headline: MetricName | None = None
     metrics: Annotated[list[MetricName], expect('a list of metric names, e.g. metrics = ["psnr"]')] = []
     budget: ThresholdText | None = None
