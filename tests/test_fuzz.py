@@ -386,8 +386,10 @@ def _mutate(obj, path, value, delete):
 def board_copy(tmp_path_factory):
     """A copy of a real board to mutate (each example restores the file it changed)."""
     root = tmp_path_factory.mktemp("boards")
-    shutil.copytree(ROOT / "leaderboards" / "mnist5k-mlp-fedavg", root / "mnist5k-mlp-fedavg")
-    return root / "mnist5k-mlp-fedavg"
+    shutil.copytree(
+        ROOT / "leaderboards" / "inversion-fedsgd-mnist5k-mlp", root / "inversion-fedsgd-mnist5k-mlp"
+    )
+    return root / "inversion-fedsgd-mnist5k-mlp"
 
 
 @contextmanager

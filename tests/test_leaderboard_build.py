@@ -214,15 +214,15 @@ def test_all_selects_every_preset_with_a_board(presets):
     found = [(s.preset, s.board, s.builtin) for s in chosen]
     assert found == sorted(found)  # by preset name
     assert {
-        ("dlg-ig-b1", "dlg-ig-mnist5k-lenet-b1", True),
-        ("mnist5k-fedavg", "mnist5k-mlp-fedavg", True),
+        ("board-fedsgd", "inversion-fedsgd-mnist5k-mlp", True),
+        ("board-membership", "membership-mnist5k-mlp", True),
     } <= set(found)  # the built-in presets with a board (more boards may join them)
     assert ("tiny-board", "tiny-digits", False) in found
     assert [s.board for s in resolve_boards([], True)] == [b for _, b, builtin in found if builtin]
     # a preset and its board name are one board
     assert len(resolve_boards(["tiny-board", "tiny-digits"], False, (presets,))) == 1
-    with pytest.raises(UnknownNameError, match="did you mean 'mnist5k-fedavg'"):
-        resolve_boards(["mnist5k-fedavgg"], False)
+    with pytest.raises(UnknownNameError, match="did you mean 'board-fedsgd'"):
+        resolve_boards(["board-fedsgdd"], False)
     with pytest.raises(FedbenchError, match="preset 'quickstart' declares no \\[grid.board\\]"):
         resolve_boards(["quickstart"], False)  # the quickstart is a preset without a board
 

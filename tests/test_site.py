@@ -104,7 +104,7 @@ def test_no_page_loads_anything_from_the_network(committed_site):
 
 
 def test_board_page_shows_the_ranked_table_and_its_sections(committed_site):
-    name = "mnist5k-mlp-fedavg"
+    name = "inversion-fedsgd-mnist5k-mlp"
     board, entries = lb.load_board(COMMITTED / name)
     html = (committed_site / name / site.PAGE).read_text()
     order = [e["defense"] for _, e in ranking.ranked(board, entries)]
@@ -287,9 +287,9 @@ def test_index_and_board_in_chromium_sort_and_follow_links(browser, committed_si
     browser.find_element(By.XPATH, "//table[@id='boards']//th[starts-with(., 'entries')]").click()
     assert _column(browser, "boards", "entries") == sorted(entries, key=int)
 
-    browser.find_element(By.LINK_TEXT, "mnist5k-mlp-fedavg").click()
-    assert browser.current_url.endswith("/mnist5k-mlp-fedavg/index.html")
-    assert browser.find_element(By.TAG_NAME, "h1").text == "mnist5k-mlp-fedavg"
+    browser.find_element(By.LINK_TEXT, "inversion-fedsgd-mnist5k-mlp").click()
+    assert browser.current_url.endswith("/inversion-fedsgd-mnist5k-mlp/index.html")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "inversion-fedsgd-mnist5k-mlp"
     assert _console_errors(browser) == []
     img = browser.find_element(By.CSS_SELECTOR, "#tradeoff img")
     assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100
