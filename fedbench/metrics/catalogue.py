@@ -98,9 +98,13 @@ class Metric:
         v = value * self.scale
         if self.unit in ("pct", "pp"):
             return f"{v:.1f}"
+        if math.isinf(v):
+            return "∞" if v > 0 else "-∞"
         if self.unit == "sig":
             return f"{v:.3g}"
-        return f"{v:.2f}"
+        # 2 decimals, or 3 significant digits in scientific form from 1000 on: a local DP mechanism's
+        # epsilon can be 3011801.70, whose last digits say nothing
+        return f"{v:.2e}" if abs(v) >= 1000 else f"{v:.2f}"
 
     def within_bounds(self, value: float) -> bool:
         low, high = self.bounds

@@ -27,21 +27,14 @@ from fedbench.reporting.board_schema import Board
 @dataclasses.dataclass(frozen=True)
 class EpsilonMetric(Metric):
     """The epsilon column of a board: its header states delta, the DP level and the accountant (`legend`,
-    when the configurations share them); values read '∞' (no finite bound), '—' (no guarantee), 3
-    significant digits in scientific form from 1000 on, else 2 decimals."""
+    when the configurations share them); values format as every metric does (`Metric.fmt`: '∞' for no
+    finite bound, '—' for no guarantee, scientific form from 1000 on)."""
 
     legend: str = ""
 
     @property
     def header(self) -> str:
         return f"{self.name} ({self.legend}) {self.arrow}" if self.legend else f"{self.name} {self.arrow}"
-
-    def fmt(self, value: float | None) -> str:
-        if value is None or math.isnan(value):
-            return "—"
-        if math.isinf(value):
-            return "∞"
-        return f"{value:.2e}" if abs(value) >= 1000 else f"{value:.2f}"
 
 
 @functools.cache
