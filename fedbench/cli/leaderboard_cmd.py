@@ -40,7 +40,7 @@ leaderboard_app = typer.Typer(
     help="Build, render, check and show the leaderboards (JSON entries -> leaderboard.csv, README.md);\n"
     "write them as a static website.\n\n"
     "Examples:\n\n  fedbench leaderboard build --all\n\n  fedbench leaderboard render\n\n"
-    "  fedbench leaderboard check\n\n  fedbench leaderboard show mnist5k-mlp-fedavg\n\n"
+    "  fedbench leaderboard check\n\n  fedbench leaderboard show inversion-fedsgd-mnist5k-mlp\n\n"
     "  fedbench leaderboard site -o site",
     no_args_is_help=True,
 )
@@ -59,7 +59,7 @@ def render_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboard
 
       fedbench leaderboard render
 
-      fedbench leaderboard render mnist5k-mlp-fedavg --dir leaderboards
+      fedbench leaderboard render inversion-fedsgd-mnist5k-mlp --dir leaderboards
     """
     from fedbench.reporting.leaderboard import render
 
@@ -79,7 +79,7 @@ def check_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards
 
       fedbench leaderboard check
 
-      fedbench leaderboard check mnist5k-mlp-fedavg --dir leaderboards
+      fedbench leaderboard check inversion-fedsgd-mnist5k-mlp --dir leaderboards
     """
     from fedbench.reporting.leaderboard import stale
 
@@ -104,9 +104,9 @@ def show_cmd(
 
     Examples:
 
-      fedbench leaderboard show mnist5k-mlp-fedavg
+      fedbench leaderboard show inversion-fedsgd-mnist5k-mlp
 
-      fedbench leaderboard show mnist5k-mlp-fedavg --format markdown
+      fedbench leaderboard show inversion-fedsgd-mnist5k-mlp --format markdown
     """
     from fedbench.cli.compare import emit
     from fedbench.reporting.leaderboard import board_pivot, check_board_name, load_board
@@ -137,7 +137,7 @@ def site_cmd(
 
       fedbench leaderboard site -o site
 
-      fedbench leaderboard site mnist5k-mlp-fedavg -o /tmp/site --dir leaderboards
+      fedbench leaderboard site inversion-fedsgd-mnist5k-mlp -o /tmp/site --dir leaderboards
     """
     from fedbench.reporting.site import PAGE, build_site
 

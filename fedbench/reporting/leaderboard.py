@@ -426,17 +426,30 @@ def render_index(root: str | Path) -> str:
                 board.title,
                 f"{sc.get('dataset', '')} / {sc.get('model', '')}",
                 ", ".join(board.attack_suite) or "—",
+                index_headline(board),
                 str(len(entries)),
                 f"`{top}`",
             ]
         )
+    headers = ["board", "title", "dataset / model", "attack suite", "no defense vs baseline", "entries"]
     table = tabulate(
-        rows,
-        headers=["board", "title", "dataset / model", "attack suite", "entries", "rank-1 (best accuracy)"],
-        tablefmt="github",
-        disable_numparse=True,
+        rows, headers=[*headers, "rank-1 (best accuracy)"], tablefmt="github", disable_numparse=True
     )
     return _templates().get_template("index.md.j2").render(table=table if rows else "")
+
+
+def index_headline(board: Board) -> str:
+    """How far the attack suite's worst case without a defense sits from guessing (the board's
+    baseline), with its 95 % interval over seeds: the index's one-line evidence that the suite works."""
+    base = board.baseline
+    if base is None or base.gap is None:
+        return "—"
+    m = metric(base.metric)
+    gap = base.gap
+    interval = (
+        f" [{m.fmt(gap.low)}, {m.fmt(gap.high)}]" if gap.low is not None and gap.high is not None else ""
+    )
+    return f"{m.name} {m.fmt(gap.mean)}{interval} above the {base.kind} ({m.fmt(base.value)})"
 
 
 def rendered_files(root: str | Path, boards: Sequence[str] | None = None) -> dict[Path, str]:
