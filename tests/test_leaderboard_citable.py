@@ -176,6 +176,17 @@ def test_random_image_floor_is_stored_and_the_readme_states_the_gap_with_its_ci(
     assert f"{low:.1f} to {high:.1f} dB" in line and "it excludes 0" in line
 
 
+def test_the_index_states_each_boards_distance_to_its_baseline(tmp_path):
+    rows = synth(_psnr(PSNR, floor=5.1))
+    _rs, board, _entries = build(tmp_path, rows)
+    gap = board.baseline.gap
+    assert lb.index_headline(board) == (
+        f"psnr {gap.mean:.2f} [{gap.low:.2f}, {gap.high:.2f}] above the random image (5.10)"
+    )
+    no_floor = board.model_copy(update={"baseline": None})
+    assert lb.index_headline(no_floor) == "—"  # a board built before baselines, or one without a floor
+
+
 def test_ssim_headline_uses_the_ssim_floor(tmp_path):
     rows = synth(_psnr(PSNR, floor=5.1))
     _rs, board, entries = build(tmp_path, rows, {"board": {"headline": "ssim"}})
