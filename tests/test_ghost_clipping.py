@@ -197,24 +197,30 @@ def test_layers_that_mix_or_draw_per_batch_are_not_covered_in_train_mode():
     assert coverage(drop.eval()) is None
 
 
-def test_dp_sgd_flat_clipping_falls_back_bit_for_bit():
-    """dp-sgd clips each whole per-example gradient (its own `example_factors`): no rule from per-layer
-    norms is given, so `per_example=ghost` uses the per-example gradients."""
+def test_dp_sgd_flat_clipping_from_ghost_norms_equals_materialise():
+    """dp-sgd clips each whole per-example gradient: its flat factor comes from the per-layer ghost
+    norms (||g_i||^2 = sum of the layers' squares), so `per_example=ghost` needs no per-example
+    gradients and agrees with the default to float tolerance, clipping active or not."""
     torch.manual_seed(0)
     model = build_model("mlp", {"hidden": [16]}, (20,), 10)
     x, y = _batch(6, (20,))
     loss_fn = loss_function("ce")
     sc = Scenario(rounds=2, clients=2)
-    ctx = HookContext(0, 0, 0, sc, torch.Generator().manual_seed(0))
-    a, b = create_defense("dp-sgd"), create_defense("dp-sgd", per_example="ghost")
-    a._train_size = b._train_size = 100
-    assert b.norm_factors({"w": torch.ones(3)}, 1.0) is None
-    old = a.per_example(per_example_grads(model, x, y, loss_fn), ctx)
-    ctx = HookContext(0, 0, 0, sc, torch.Generator().manual_seed(0))
-    with pytest.warns(UserWarning, match="dp-sgd clips by a rule that needs the gradients"):
-        new = b.per_example(per_example_grads(model, x, y, loss_fn), ctx)
-    for k in old:
-        assert torch.equal(new[k], old[k]), k
+    for clip in (0.05, 100.0):
+        a = create_defense("dp-sgd", clip=clip)
+        b = create_defense("dp-sgd", clip=clip, per_example="ghost")
+        a._train_size = b._train_size = 100
+        old = a.per_example(
+            per_example_grads(model, x, y, loss_fn),
+            HookContext(0, 0, 0, sc, torch.Generator().manual_seed(0)),
+        )
+        grads = per_example_grads(model, x, y, loss_fn)
+        new = b.per_example(grads, HookContext(0, 0, 0, sc, torch.Generator().manual_seed(0)))
+        assert not grads.materialised
+        for k in old:
+            assert _close(new[k], old[k]), (clip, k)
+    flat = a.norm_factors({"w": torch.tensor([3.0, 0.0]), "b": torch.tensor([4.0, 0.1])}, 1.0)
+    assert torch.allclose(flat["w"], torch.tensor([0.2, 1.0], dtype=torch.float64)) and flat["w"] is flat["b"]
 
 
 def test_plain_dicts_use_the_per_example_path():

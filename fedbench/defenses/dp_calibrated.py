@@ -100,11 +100,14 @@ class DPSGD(_PerExampleDP):
         return self.params.clip
 
     def example_factors(self, grads, bound):
-        import torch
-
         sq = sum(g.reshape(g.shape[0], -1).double().pow(2).sum(1) for g in grads.values())
-        factor = (bound / torch.sqrt(sq).clamp_min(1e-12)).clamp(max=1.0)
-        return {k: factor for k in grads}
+        return _flat_factors(sq, bound, grads)
+
+    def norm_factors(self, norms, bound):
+        """The flat clip (Abadi et al.): one factor min(1, C / ||g_i||) per example for every layer,
+        with ||g_i||^2 the sum of the layers' squared per-example norms, so the ghost path
+        (`per_example=ghost`) needs no per-example gradients either."""
+        return _flat_factors(sum(n.double().pow(2) for n in norms.values()), bound, norms)
 
     def sigma_for(self, scenario: Scenario, train_size: int | None = None) -> float:
         p = self.params
@@ -163,3 +166,11 @@ class DPFedAvg(FedSDP):
         p = self.params
         rate = _participation_rate(scenario)
         return calibrated_sigma(p.epsilon, rate, scenario.rounds, p.delta, p.accountant)
+
+
+def _flat_factors(sq: Any, bound: float, names: Any) -> dict[str, Any]:
+    """One factor min(1, C / sqrt(sq_i)) per example, shared by every layer in `names`."""
+    import torch
+
+    factor = (bound / torch.sqrt(sq).clamp_min(1e-12)).clamp(max=1.0)
+    return {k: factor for k in names}
