@@ -142,13 +142,13 @@ def run(
     overrides = Overrides(tup(datasets), tup(models), tup(defenses), tup(attacks), tuple(sets), seeds)
     grid = build_grid(preset, overrides)
     ctx = RunContext(
-        device=device,
-        data_root=data_root,
+        device,
+        data_root,
+        threads=threads,
         timeout=timeout,
         backend=backend,
         address=address,
         gpus=tuple(gpus),
-        threads=threads,
     )
     jobs = AUTO_JOBS if n_jobs == "auto" else int(n_jobs)
     setup = check_grid(list(grid.specs), ctx, jobs)  # before the cache folder is created

@@ -627,3 +627,38 @@ def test_a_real_board_with_two_victims_and_two_observation_points(tmp_path):
     assert header == f"epsilon (δ={dp['delta']:g}, {dp['dp_level']}-level, rdp) ↓"  # the accountant's name
     assert f"(accountant: {dp['accountant']})" in (root / "tiny-victims" / lb.README_FILE).read_text()
     assert lb.stale(root) == []
+
+
+def test_failed_runs_are_counted_and_named_and_a_config_with_only_failures_is_still_mentioned(tmp_path):
+    rows = synth(_psnr(PSNR, floor=5.1))
+    for r in rows:  # one dp-gaussian seed's runs fail: training diverged
+        if r["defense"].startswith("dp-gaussian") and r["seed"] == 1:
+            r.update(status="failed", reason="RunFailure: training diverged: non-finite loss in round 3")
+    broken = [
+        dict(
+            r,
+            run_id="x" + r["run_id"][1:],
+            defense="dp-laplace[b=0.1,clip=1]",
+            status="failed",
+            reason="RunFailure: boom",
+        )
+        for r in rows
+        if r["defense"] == "none"
+    ]
+    _rs, board, entries = build(tmp_path, rows + broken)
+    assert [f.defense for f in board.failures] == [
+        "dp-gaussian[clip=1,sigma=0.1]",
+        "dp-laplace[b=0.1,clip=1]",
+    ]
+    dpg, dpl = board.failures
+    assert (dpg.failed, dpg.runs) == (2, 6) and "diverged" in dpg.reason
+    assert (dpl.failed, dpl.runs) == (6, 6)
+    assert "dp-laplace[b=0.1,clip=1]" not in by_defense(entries)  # no entry, but the README says why
+    readme = lb.render_readme(board, entries)
+    line = next(x for x in readme.splitlines() if x.startswith("Failed runs"))
+    assert "`dp-gaussian[clip=1,sigma=0.1]`: 2 of 6 runs, e.g. RunFailure: training diverged" in line
+    assert (
+        "`dp-laplace[b=0.1,clip=1]`: 6 of 6 runs (no entry: every run failed), e.g. RunFailure: boom" in line
+    )
+    _rs, clean, clean_entries = build(tmp_path, synth(_psnr(PSNR, floor=5.1)), name="clean")
+    assert clean.failures == () and "Failed runs" not in lb.render_readme(clean, clean_entries)

@@ -111,13 +111,14 @@ def test_board_page_shows_the_ranked_table_and_its_sections(committed_site):
     cells = re.findall(r'<td data-sort="([^"]*)">([^<]*)</td>', html)
     defenses = [text for sort, text in cells if text in order]
     assert defenses == order  # the README's order
-    assert "91.8 ± 0.9" in html  # mean ± spread, as format_cell writes it
+    acc = next(e for e in entries if e["defense"] == "none")["metrics"]["test_acc"]
+    assert f"{100 * acc['mean']:.1f} ± {100 * acc['spread']:.1f}" in html  # as format_cell writes it
     assert '<th scope="col" data-type="number" tabindex="0" title="click to sort">rank stability' in html
     for section in ("leaderboard", "tradeoff", "scenario", "threat-model", "reconstructions", "regenerate"):
         assert f'<section id="{section}">' in html
     assert board.command in html and "fedbench plot reconstructions" in html
-    assert 'id="reported"' not in html  # the board's preset carries no paper numbers
-    assert "inverting-gradients[iterations=100], idlg[iterations=1]" in html
+    assert ('id="reported"' in html) == bool(board.reported)  # the papers' numbers, where the preset has them
+    assert ", ".join(board.attack_suite) in html
 
 
 def test_rank_stability_column_only_when_the_entries_have_it(board_root, tmp_path):

@@ -21,22 +21,35 @@ tables take the worst case over both (design §7).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Literal
 
 from fedbench.attacks.inverting_gradients import InvertingGradients
+from fedbench.defenses.loda import LODA_PAPER
 from fedbench.plugin import Paper
 from fedbench.registry import register_attack
 from fedbench.spec.params import param
+
+INSTAHIDE_ATTACK_PAPER = Paper(
+    "carlini2020instahide",
+    "An Attack on InstaHide: Is Private Learning Possible with Instance Encoding?",
+    "https://arxiv.org/abs/2011.05315",
+)
 
 
 class _DefenseAware(InvertingGradients):
     """IG plus the defense instance of the run (bound by the runner)."""
 
     defense: Any = None
+    stage: ClassVar[str]  # the function of `fedbench.attacks._adaptive_core` that runs the attack
 
     def bind_defense(self, defense: Any) -> None:
         self.defense = defense
+
+    def run(self, observation: Any, model: Any, meta: Any, generator: Any, device: Any) -> Any:
+        from fedbench.attacks import _adaptive_core
+
+        return getattr(_adaptive_core, self.stage)(self, observation, model, meta, generator, device)
 
 
 @register_attack("loda-adaptive", "adaptive-loda")
@@ -44,11 +57,8 @@ class LodaAdaptive(_DefenseAware):
     """GLA then LODA's stationary-point inversion (Eq. 6) with the defense's feature extractor."""
 
     version = "2"  # 2: its GLA's pruning_aware=auto follows the defense, not the observed zeros
-    paper = Paper(
-        "wan2022loda",
-        "Defense Against Gradient Leakage Attacks via Learning to Obscure Data (adaptive attack, §4.2)",
-        "https://arxiv.org/abs/2206.00769",
-    )
+    stage = "run_loda_adaptive"
+    paper = replace(LODA_PAPER, title=f"{LODA_PAPER.title} (adaptive attack, §4.2)")
 
     @dataclass(frozen=True)
     class Params(InvertingGradients.Params):
@@ -62,22 +72,14 @@ class LodaAdaptive(_DefenseAware):
         )
         start: float = param(0.5, "constant initial image of Eq. 6 (code 0.5)", min=0, max=1)
 
-    def run(self, observation: Any, model: Any, meta: Any, generator: Any, device: Any) -> Any:
-        from fedbench.attacks._adaptive_core import run_loda_adaptive
-
-        return run_loda_adaptive(self, observation, model, meta, generator, device)
-
 
 @register_attack("mixup-decode", "carlini-decode", "instahide-decode")
 class MixupDecode(_DefenseAware):
     """GLA on pooled iterations, then Carlini et al.'s decoding of MixUp/InstaHide (oracle mapping)."""
 
     version = "3"  # 3: its GLA's pruning_aware=auto follows the defense, not the observed zeros
-    paper = Paper(
-        "carlini2020instahide",
-        "An Attack on InstaHide: Is Private Learning Possible with Instance Encoding?",
-        "https://arxiv.org/abs/2011.05315",
-    )
+    stage = "run_mixup_decode"
+    paper = INSTAHIDE_ATTACK_PAPER
 
     @dataclass(frozen=True)
     class Params(InvertingGradients.Params):
@@ -87,8 +89,3 @@ class MixupDecode(_DefenseAware):
         decode_steps: int = param(1000, "Adam steps on Eq. 3 (GradAttack 1000)", min=1)
         decode_lr: float = param(0.01, "Adam learning rate on Eq. 3 (paper 0.01)", min=0, min_open=True)
         reg: float = param(0.05, "weight of GradAttack's mean(1 - |2P - 1|) term", min=0)
-
-    def run(self, observation: Any, model: Any, meta: Any, generator: Any, device: Any) -> Any:
-        from fedbench.attacks._adaptive_core import run_mixup_decode
-
-        return run_mixup_decode(self, observation, model, meta, generator, device)

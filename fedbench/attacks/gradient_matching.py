@@ -37,6 +37,11 @@ _PRUNE_HELP = (
 )
 
 
+def iterations_param(default: int, help: str, maximum: int) -> Any:
+    """The `iterations` parameter of an optimisation attack: at least 1, at most `maximum`."""
+    return param(default, help, min=1, max=maximum)
+
+
 @register_attack("dlg", "deep-leakage")
 class DLG(InversionAttack):
     """Deep Leakage from Gradients: L2 gradient matching, joint image+label L-BFGS."""
@@ -46,11 +51,8 @@ class DLG(InversionAttack):
 
     @dataclass(frozen=True)
     class Params:
-        iterations: int = param(
-            50,
-            "L-BFGS iterations (each up to max_iter evaluations); paper 300 (CPU default 50)",
-            min=1,
-            max=100000,
+        iterations: int = iterations_param(
+            50, "L-BFGS iterations (each up to max_iter evaluations); paper 300 (CPU default 50)", 100000
         )
         max_iter: int = param(
             20, "objective evaluations per L-BFGS iteration (torch/DLG default 20)", min=1, max=1000

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedbench.attacks.gradient_matching import _LABELS_HELP, _PRUNE_HELP
+from fedbench.attacks.gradient_matching import _LABELS_HELP, _PRUNE_HELP, iterations_param
 from fedbench.attacks.inversion_base import InversionAttack
 from fedbench.plugin import Paper
 from fedbench.registry import register_attack
@@ -44,11 +44,8 @@ class InvertingGradients(InversionAttack):
 
     @dataclass(frozen=True)
     class Params:
-        iterations: int = param(
-            500,
-            "Adam iterations; paper 24000 (LODA code 5000, RecUP 2000); CPU default 500",
-            min=1,
-            max=1000000,
+        iterations: int = iterations_param(
+            500, "Adam iterations; paper 24000 (LODA code 5000, RecUP 2000); CPU default 500", 1000000
         )
         lr: float = param(0.1, "Adam learning rate (paper 0.1)", min=0, min_open=True)
         tv_weight: float | None = param(

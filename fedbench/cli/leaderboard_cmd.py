@@ -11,6 +11,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -23,12 +24,9 @@ from fedbench.cli._common import (
     NJobsOption,
     PluginOption,
     ThreadsOption,
-    cache_dir_option,
-    data_root_option,
     err,
     handle_errors,
     literal,
-    load_plugins,
     out,
 )
 from fedbench.cli.compare import FormatOption
@@ -50,8 +48,16 @@ BoardsArgument = Annotated[
 DirOption = Annotated[Path, typer.Option("--dir", help="Folder holding the boards.")]
 
 
-@leaderboard_app.command("render")
-@handle_errors
+def _command(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register a function as `fedbench leaderboard NAME`, its usage errors one line (`handle_errors`)."""
+
+    def register(func: Callable[..., None]) -> Callable[..., None]:
+        return leaderboard_app.command(name)(handle_errors(func))
+
+    return register
+
+
+@_command("render")
 def render_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards")) -> None:
     """Regenerate leaderboard.csv and README.md of the boards (and the index) from their entries.
 
@@ -70,8 +76,7 @@ def render_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboard
         err.print("all rendered files are up to date", highlight=False)
 
 
-@leaderboard_app.command("check")
-@handle_errors
+@_command("check")
 def check_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards")) -> None:
     """Validate the entries and fail (exit 1) when a rendered file is stale.
 
@@ -83,8 +88,7 @@ def check_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards
     """
     from fedbench.reporting.leaderboard import stale
 
-    bad = stale(root, board or None)
-    if bad:
+    if bad := stale(root, board or None):
         err.print(
             f"stale: {', '.join(str(p) for p in bad)}; run 'fedbench leaderboard render'",
             highlight=False,
@@ -93,8 +97,7 @@ def check_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards
     err.print(f"{root}: entries valid, rendered files up to date", highlight=False)
 
 
-@leaderboard_app.command("show")
-@handle_errors
+@_command("show")
 def show_cmd(
     board: Annotated[str, typer.Argument(help="Board name.")],
     root: DirOption = Path("leaderboards"),
@@ -119,8 +122,7 @@ def show_cmd(
         out.print(f"command: {b.command}", highlight=False)
 
 
-@leaderboard_app.command("site")
-@handle_errors
+@_command("site")
 def site_cmd(
     out_dir: Annotated[
         Path,
@@ -208,8 +210,7 @@ def build_board(source: BoardSource, grid, setup, cache, root: Path, command: st
     return result
 
 
-@leaderboard_app.command("build")
-@handle_errors
+@_command("build")
 def build_cmd(
     board: Annotated[
         list[str] | None,
@@ -243,6 +244,7 @@ def build_cmd(
 
       fedbench leaderboard build my-board --preset-dir my_presets --dir /tmp/boards
     """
+    from fedbench.cli._common import cache_dir_option, data_root_option, load_plugins
     from fedbench.execution.cache import RunCache
     from fedbench.execution.runner import GridInterrupted, RunContext, check_grid
     from fedbench.spec.grid import build_grid

@@ -35,6 +35,7 @@ from fedbench.execution.placement import Backend
 PRESET_HELP = literal(
     "Preset name (see 'fedbench list presets') or path to a .toml file [default: quickstart]."
 )
+TIMEOUT_HELP = "Seconds per run; a run past it becomes a 'timeout' row (not cached)."
 PresetDirOption = Annotated[
     list[Path] | None, typer.Option("--preset-dir", help="Extra folder of presets; repeatable.")
 ]
@@ -88,12 +89,7 @@ def run_cmd(
         bool, typer.Option("--force", help="Recompute every run and overwrite its cache entry.")
     ] = False,
     n_jobs: NJobsOption = 1,
-    timeout: Annotated[
-        float | None,
-        typer.Option(
-            "--timeout", help="Seconds per run; a run past it becomes a 'timeout' row (not cached)."
-        ),
-    ] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help=TIMEOUT_HELP)] = None,
     fail_fast: Annotated[
         bool, typer.Option("--fail-fast", help="Stop at the first failed or timed-out run.")
     ] = False,

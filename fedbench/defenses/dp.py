@@ -37,21 +37,47 @@ from fedbench.plugin import Accounting, Defense, HookContext, Paper, Scenario
 from fedbench.registry import register_defense
 from fedbench.spec.params import param
 
-
-def _update_clip() -> Any:
-    """The `clip` parameter of both defenses (a field of its own in each Params, after the noise scale)."""
-    return param(1.0, "L2 bound C on the whole client update", min=0, min_open=True)
+DP_GAUSSIAN_PAPER = Paper(
+    "wei2021",
+    "Gradient-leakage resilient federated learning (DP-Gaussian baseline)",
+    "https://arxiv.org/abs/2107.01154",
+)
+DP_LAPLACE_PAPER = Paper(
+    "liu2020",
+    "Adaptive privacy-preserving federated learning (DP-Laplace baseline)",
+    "https://doi.org/10.1007/s12083-019-00869-2",
+)
 
 
 class _ClipAndNoise(Defense):
     """Clip the whole update to L2 norm `params.clip`, then add i.i.d. noise of the scale held by the
-    Params field `scale_param` (no noise, and no draw from the generator, when it is 0)."""
+    Params field `scale_param` (no noise, and no draw from the generator, when it is 0).
+
+    A subclass names its noise scale (`scale_param`) and declares it (`scale_field`, a `param`); its
+    Params are made here, the same for every subclass: the noise scale, `clip`, `delta`, in this order.
+    """
 
     scale_param: ClassVar[str]
+    scale_field: ClassVar[Any]  # the `param(...)` of the noise scale, the first field of Params
     mechanism: ClassVar[str]  # how `accounting` names the local mechanism
     # `delta` was added with the accounting; epsilon is computed outside the cache, so at its default
     # it stays out of the cache key and every earlier run_id holds.
     key_optional = ("delta",)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields = {
+            cls.scale_param: cls.scale_field,
+            "clip": param(1.0, "L2 bound C on the whole client update", min=0, min_open=True),
+            "delta": _reported_delta(),
+        }
+        namespace = {
+            "__module__": cls.__module__,
+            "__qualname__": f"{cls.__qualname__}.Params",  # as a nested class: pickled by reference
+            "__annotations__": dict.fromkeys(fields, float),
+            **fields,
+        }
+        cls.Params = dataclass(frozen=True)(type("Params", (), namespace))
 
     def noise(self, shape: tuple[int, ...], generator: Any, scale: float) -> Any:
         """A float64 CPU tensor of noise of `shape` at `scale` (> 0), drawn from `generator`."""
@@ -103,20 +129,10 @@ class DPGaussian(_ClipAndNoise):
     noise multiplier sigma / (2C), exact RDP per round, composed over the rounds taken part in.
     """
 
-    paper = Paper(
-        "wei2021",
-        "Gradient-leakage resilient federated learning (DP-Gaussian baseline)",
-        "https://arxiv.org/abs/2107.01154",
-    )
-
+    paper = DP_GAUSSIAN_PAPER
     scale_param = "sigma"
+    scale_field = param(0.01, "noise standard deviation (absolute, per coordinate)", min=0)
     mechanism = "gaussian"
-
-    @dataclass(frozen=True)
-    class Params:
-        sigma: float = param(0.01, "noise standard deviation (absolute, per coordinate)", min=0)
-        clip: float = _update_clip()
-        delta: float = _reported_delta()
 
     def noise(self, shape, generator, scale):
         import torch
@@ -133,20 +149,10 @@ class DPLaplace(_ClipAndNoise):
     noise on an L2 shift of 2C in Renyi divergence at every order, whatever the number of coordinates.
     """
 
-    paper = Paper(
-        "liu2020",
-        "Adaptive privacy-preserving federated learning (DP-Laplace baseline)",
-        "https://doi.org/10.1007/s12083-019-00869-2",
-    )
-
+    paper = DP_LAPLACE_PAPER
     scale_param = "b"
+    scale_field = param(0.01, "Laplace scale b (absolute, per coordinate; std = b*sqrt(2))", min=0)
     mechanism = "laplace, dimension-free zCDP bound"
-
-    @dataclass(frozen=True)
-    class Params:
-        b: float = param(0.01, "Laplace scale b (absolute, per coordinate; std = b*sqrt(2))", min=0)
-        clip: float = _update_clip()
-        delta: float = _reported_delta()
 
     def noise(self, shape, generator, scale):
         import torch

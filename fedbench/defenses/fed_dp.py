@@ -381,13 +381,13 @@ class _PerExampleDPParams:
 class FedCDP(_PerExampleDP):
     """Fed-CDP: per-example, per-layer clipping to C and Gaussian noise sigma*C at every local step."""
 
+    def clip_at(self, ctx: HookContext) -> float:
+        return self.params.clip  # the same bound C in every round (fed-cdp-decay: C_t)
+
     @dataclass(frozen=True)
     class Params(_PerExampleDPParams):
         sigma: float = _noise_multiplier("clip")
         clip: float = param(4.0, "per-layer L2 bound C on each per-example gradient", min=0, min_open=True)
-
-    def clip_at(self, ctx: HookContext) -> float:
-        return self.params.clip
 
 
 def decayed_clip(schedule: str, start: float, end: float, rnd: int, rounds: int, stairs: int = 4) -> float:

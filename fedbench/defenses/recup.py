@@ -39,6 +39,7 @@ from fedbench.registry import register_defense
 from fedbench.spec.params import param
 
 VARIANTS = ("meta", "one-step", "average", "iterative", "momentum")
+_META_START_HELP = "meta-train start: the current output (Eq. 8, Alg. 1) or the original update (Eq. 5)"
 
 
 def parse_assign(assign: str, attributes: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -63,8 +64,8 @@ def parse_assign(assign: str, attributes: tuple[str, ...]) -> list[tuple[str, ..
 class RecUPFL(Defense):
     """RecUP-FL: FGSM perturbation of the update against a zoo of attribute classifiers, per client choice."""
 
-    version = "1"
     paper = RECUP_PAPER
+    version = "1"
 
     @dataclass(frozen=True)
     class Params:
@@ -86,9 +87,7 @@ class RecUPFL(Defense):
             "meta", "FGSM scheme: RecUP-FL's meta alternation or an App. E ablation"
         )
         mu: float = param(0.9, "momentum of the momentum variant (paper 0.9)", min=0, max=1)
-        meta_start: Literal["current", "original"] = param(
-            "current", "meta-train start: the current output (Eq. 8, Alg. 1) or the original update (Eq. 5)"
-        )
+        meta_start: Literal["current", "original"] = param("current", _META_START_HELP)
         zoo_at: Literal["round", "first"] = param(
             "round", "train the zoo at each round's global weights, or once at the first round's"
         )

@@ -140,6 +140,7 @@ def build(
             else rounded(cost["utility_seconds"] + cost["attack_seconds"]),
             "cost": cost,
             "reported": tuple(reported_records(match_reported(results.reported, families, suite))),
+            "failures": failed_runs(frame),
         },
         f"board {name}",
     )
@@ -446,6 +447,19 @@ def headline_baseline(view, headline: str, none_values: tuple[list[float], list[
                 gap.update(low=rounded(float(arr.mean()) - half), high=rounded(float(arr.mean()) + half))
             out["gap"] = gap
     return out
+
+
+def failed_runs(frame) -> tuple[dict[str, Any], ...]:
+    """Per defense configuration with failed or timed-out runs: how many of its runs, and the first
+    reason. A configuration whose every run failed has no entry, so only this says it was tried."""
+    bad = frame[frame["status"].isin(["failed", "timeout"])]
+    out = []
+    for defense in dict.fromkeys(bad["defense"]):
+        runs = frame[frame["defense"] == defense]
+        failed = bad[bad["defense"] == defense]
+        reason = str(failed["reason"].iloc[0]) if "reason" in failed else ""
+        out.append({"defense": str(defense), "failed": len(failed), "runs": len(runs), "reason": reason})
+    return tuple(out)
 
 
 def build_cost(ok) -> dict[str, Any] | None:

@@ -217,6 +217,19 @@ def cost_note(board: Board) -> str | None:
     )
 
 
+def failures_note(board: Board) -> str | None:
+    """The README's line on runs that failed and are not in the means (None when none failed)."""
+    if not board.failures:
+        return None
+    parts = [
+        f"`{f.defense}`: {f.failed} of {f.runs} runs"
+        + (" (no entry: every run failed)" if f.failed == f.runs else "")
+        + (f", e.g. {f.reason}" if f.reason else "")
+        for f in board.failures
+    ]
+    return "Failed runs, not in the means: " + "; ".join(parts) + "."
+
+
 def worst_rule(entries: list[dict[str, Any]], headline: str) -> str:
     stats = [(e["metrics"].get("worst_case") or {}).get(headline) for e in entries]
     stats = [st for st in stats if st]

@@ -69,6 +69,16 @@ class Baseline(FileModel):
     gap: Gap | None = None
 
 
+class FailedRuns(FileModel):
+    """A defense configuration some of whose runs failed (training diverged, an attack error, a timeout):
+    they are not in the board's means, and the README says so with the first reason."""
+
+    defense: str
+    failed: Annotated[int, Field(ge=1)]
+    runs: Annotated[int, Field(ge=1)]
+    reason: str = ""
+
+
 class BoardCost(FileModel):
     """What building the board costs: each FL training counted once (all attacks and observation points
     of a training read the same run), plus every attack run."""
@@ -113,6 +123,7 @@ class Board(FileModel):
     build_seconds: float | None = None  # compute time of all the board's runs (cost.*: the parts)
     cost: BoardCost | None = None
     reported: Annotated[tuple[ReportedRow, ...], Field(strict=False)] = ()  # the papers' numbers
+    failures: Annotated[tuple[FailedRuns, ...], Field(strict=False)] = ()  # runs not in the means
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

@@ -49,6 +49,7 @@ from fedbench.reporting.board_notes import (
     epsilon_legend,
     epsilon_metric,
     epsilon_value,
+    failures_note,
     reported_markdown,
     worst_rule,
 )
@@ -383,6 +384,7 @@ def render_readme(board: Board, entries: list[dict[str, Any]]) -> str:
             epsilon=epsilon_columns_note(entries),
             audit=audit_note(board, entries),
             cost=cost_note(board),
+            failures=failures_note(board),
             reported=reported_markdown(board_reported(board, entries)),
         )
     )

@@ -19,7 +19,7 @@ from fedbench.registry import register_defense
 
 @register_defense("broken-dp")
 class BrokenDP(DPSGD):
-    """dp-sgd with its noise and clipping silently dropped; it still reports dp-sgd's epsilon (test only)."""
+    """dp-sgd with its noise and clipping silently dropped; it still reports dp-sgd's epsilon (tests)."""
 
     version = "1"
     paper = None
