@@ -18,7 +18,29 @@ from fedbench.spec.boards import BoardSource, rebuild_command, resolve_boards
 
 runner = CliRunner()
 
-TINY = """
+# the components of the tiny boards (test_leaderboard_citable.py builds one with them too)
+TINY_COMPONENTS = """
+[[dataset]]
+name = "digits"
+
+[[model]]
+name = "mlp"
+params = { hidden = [8] }
+
+[[defense]]
+name = "none"
+
+[[defense]]
+name = "dp-gaussian"
+params = { sigma = 0.1, clip = 1.0 }
+
+[[attack]]
+name = "idlg"
+params = { iterations = 2 }
+"""
+
+TINY = (
+    """
 [grid]
 name = "tiny-board"
 description = "tiny board on sklearn digits"
@@ -41,28 +63,14 @@ lr = 0.05
 train_size = 40
 test_size = 20
 
-[[dataset]]
-name = "digits"
-
-[[model]]
-name = "mlp"
-params = { hidden = [8] }
-
-[[defense]]
-name = "none"
-
-[[defense]]
-name = "dp-gaussian"
-params = { sigma = 0.1, clip = 1.0 }
-
-[[attack]]
-name = "idlg"
-params = { iterations = 2 }
-
+"""
+    + TINY_COMPONENTS
+    + """
 [[attack]]
 name = "dlg"
 params = { iterations = 2 }
 """
+)
 
 # utility only, one seed: the cheapest boards, for the failure paths
 UTILITY = """

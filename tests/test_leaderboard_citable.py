@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from test_leaderboard_build import TINY_COMPONENTS
 from test_tables import make_rows, write_synthetic
 
 from fedbench.errors import FedbenchError, SpecError
@@ -559,7 +560,8 @@ def test_other_scenario_columns_still_may_not_vary(tmp_path):
 # ------------------------------------------------------------------------------------ a real build
 
 
-TINY = """
+TINY = (
+    """
 [grid]
 name = "tiny-victims"
 seeds = 1
@@ -580,24 +582,9 @@ test_size = 20
 victim = [0, 1]
 observe = ["example", "update"]
 
-[[dataset]]
-name = "digits"
-
-[[model]]
-name = "mlp"
-params = { hidden = [8] }
-
-[[defense]]
-name = "none"
-
-[[defense]]
-name = "dp-gaussian"
-params = { sigma = 0.1, clip = 1.0 }
-
-[[attack]]
-name = "idlg"
-params = { iterations = 2 }
 """
+    + TINY_COMPONENTS
+)
 
 
 def test_a_real_board_with_two_victims_and_two_observation_points(tmp_path):
