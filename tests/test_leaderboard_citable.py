@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 from test_leaderboard_build import TINY_COMPONENTS
-from test_tables import make_rows, write_synthetic
+from test_tables import FINISHED, make_rows, write_synthetic
 
 from fedbench.errors import FedbenchError, SpecError
 from fedbench.reporting import board_build, board_notes, site
@@ -64,11 +64,7 @@ def synth(values, seeds=(0, 1, 2), extra=None, **scenario):
                         "seconds": 1.0,
                         "utility_seconds": 10.0 + seed,
                         "attack_seconds": 1.5,
-                        "status": "ok",
-                        "from_cache": False,
-                        "reason": "",
-                        "fedbench_version": "0.1.0",
-                        "created_at": "2026-01-02T03:04:05+00:00",
+                        **FINISHED,
                         **(extra or {}).get(defense, {}),
                     }
                 )

@@ -45,6 +45,16 @@ PSNR = {
 }
 
 
+# the bookkeeping columns of a finished, freshly computed run in the synthetic results files
+FINISHED = {
+    "status": "ok",
+    "from_cache": False,
+    "reason": "",
+    "fedbench_version": "0.1.0",
+    "created_at": "2026-01-02T03:04:05+00:00",
+}
+
+
 def make_rows(attacks=("idlg", "ig"), seeds=(0, 1), preset="synthetic", dataset="mnist5k"):
     """Results rows as `fedbench run` writes them, with hand-made numbers (no training)."""
     rows = []
@@ -74,11 +84,7 @@ def make_rows(attacks=("idlg", "ig"), seeds=(0, 1), preset="synthetic", dataset=
                     "seconds": 1.0,
                     "utility_seconds": 2.0,
                     "attack_seconds": 0.5,
-                    "status": "ok",
-                    "from_cache": False,
-                    "reason": "",
-                    "fedbench_version": "0.1.0",
-                    "created_at": "2026-01-02T03:04:05+00:00",
+                    **FINISHED,
                 }
                 rows.append(row)
     return rows

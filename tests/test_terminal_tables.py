@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 from rich.console import Console
+from test_tables import FINISHED
 from typer.testing import CliRunner
 
 from fedbench.cli import app
@@ -67,11 +68,7 @@ def quickstart_rows(attacks=ATTACKS, defenses=DEFENSES, seeds=(0, 1, 2)):
                         "seconds": 1.0,
                         "utility_seconds": 2.0,
                         "attack_seconds": 0.5,
-                        "status": "ok",
-                        "from_cache": False,
-                        "reason": "",
-                        "fedbench_version": "0.1.0",
-                        "created_at": "2026-01-02T03:04:05+00:00",
+                        **FINISHED,
                     }
                 )
     return rows
