@@ -3,6 +3,7 @@ usage errors, and, in headless Chromium (skipped without it), sorting, links and
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -278,6 +279,38 @@ def test_console_check_sees_a_script_error(browser, tmp_path):
     assert any("notDefined" in m for m in _console_errors(browser))
 
 
+def _natural_compare(x: str, y: str) -> int:
+    """site.js's naturalCompare: case-folded, digit runs as numbers, other runs by code unit."""
+    a, b = (re.findall(r"\d+|\D+", s.lower()) for s in (x, y))
+    for p, q in zip(a, b, strict=False):
+        d = int(p) - int(q) if p.isdigit() and q.isdigit() else (p > q) - (p < q)
+        if d:
+            return d
+    return (len(a) - len(b)) or (x > y) - (x < y)
+
+
+def test_natural_order_puts_shorter_numbers_first():
+    names = ["gradient-pruning[p=0.99]", "gradient-pruning[p=0.9]", "mixup[k=16]", "mixup[k=4]", "None"]
+    assert sorted(names, key=functools.cmp_to_key(_natural_compare)) == [
+        "gradient-pruning[p=0.9]", "gradient-pruning[p=0.99]", "mixup[k=4]", "mixup[k=16]", "None"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: site.js's sort not run")
+def test_site_js_natural_compare_is_the_mirrored_order(tmp_path):
+    """The browser's order is the one the Chromium test expects: site.js's comparator, run in node."""
+    import subprocess
+
+    js = (Path(site.__file__).parent / "static" / "site.js").read_text()
+    function = re.search(r"function naturalCompare\(.*?\n}\n", js, re.S).group(0)
+    names = ["soteria[prune=0.8]", "gradient-pruning[p=0.99]", "Gradient-pruning[p=0.9]",
+             "dp-gaussian[clip=1,sigma=0.1]", "dp-gaussian[clip=1,sigma=0.01]", "mixup[k=16]",
+             "mixup[k=4]", "none", "a", "a1", "a-1", "10", "9"]
+    script = tmp_path / "order.js"
+    script.write_text(function + f"console.log(JSON.stringify({json.dumps(names)}.sort(naturalCompare)));\n")
+    out = subprocess.run(["node", str(script)], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == sorted(names, key=functools.cmp_to_key(_natural_compare))
+
+
 def test_index_and_board_in_chromium_sort_and_follow_links(browser, committed_site):
     from selenium.webdriver.common.by import By
 
@@ -308,7 +341,7 @@ def test_index_and_board_in_chromium_sort_and_follow_links(browser, committed_si
     assert th.get_attribute("aria-sort") == "descending"
     browser.find_element(By.XPATH, f"//table[@id='{table}']//th[starts-with(., 'defense')]").click()
     names = _column(browser, table, "defense")
-    assert names == sorted(names, key=str.lower) or names == sorted(names)
+    assert names == sorted(names, key=functools.cmp_to_key(_natural_compare))
     assert _console_errors(browser) == []
 
     browser.find_element(By.LINK_TEXT, "fedbench leaderboards").click()
