@@ -21,6 +21,12 @@ is recomputed and overwritten (run entries and `artifact` entries alike), and th
 one warning naming it. The cache holds pickles: loading one from someone else's cache runs their
 code, hence the private directory.
 
+Concurrency: processes sharing the cache directory (two `fedbench run`, a grid's workers) compute a
+shared run once. A run that is not in the cache is computed under an exclusive per-run lock
+(`fedbench.execution.locks`: a `flock` on `locks/<utility|attack>-<run id>.lock`), and the cache is read
+again once the lock is held, so a process that waited loads the entry the other one wrote. `--force`
+takes the lock too (two writers never race on one entry); without a cache nothing is locked.
+
 Code: a run entry stores the digests of its plugins' code (`fedbench.execution.sources`) and an artifact entry
 the digest of the module that computed it; an entry computed by code that has changed since (a plugin
 edited without a `version` bump) is recomputed with one warning line. The digests are not part of the
@@ -35,11 +41,13 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedbench.errors import FedbenchError
+from fedbench.execution.locks import LOCK_SUFFIX, LOCKS_DIR, exclusive, lock_path
 from fedbench.execution.paths import (
     CACHE_MARKER,
     DATA_DIR,
@@ -234,10 +242,22 @@ class RunCache:
         if self._memory is None:
             return compute(job), False
         func = self._funcs[what]
+        args = (key, job, compute)
         if self.force:
-            return func.call(key, job, compute)[0], False
+            with self._locked(what, key):
+                return func.call(*args)[0], False
         validate = _run_validator(job, attack=what == "attack")
-        return _load_or_compute(func, (key, job, compute), what, key, self._warnings, validate)
+        if func.check_call_in_cache(*args):
+            return _load_or_compute(func, args, what, key, self._warnings, validate)
+        # A miss: another process sharing this cache may be computing the same run. Wait for its lock,
+        # then `_load_or_compute` checks the cache again and loads the entry that process wrote.
+        with self._locked(what, key):
+            return _load_or_compute(func, args, what, key, self._warnings, validate)
+
+    def _locked(self, what: str, key: str) -> AbstractContextManager[None]:
+        """The exclusive lock of one run of this cache (`fedbench.execution.locks`)."""
+        assert self.location is not None
+        return exclusive(lock_path(self.location, what, _run_id(key)))
 
     def _has(self, what: str, key: str) -> bool:
         return (
@@ -310,8 +330,10 @@ def cache_info(location: str | Path) -> CacheInfo:
 
 def clear_cache(location: str | Path) -> list[str]:
     """Delete fedbench's entries in the cache at `location`: the run and artifact store
-    (`joblib/fedbench`) and the prepared datasets (fedbench's `data/*.npz`). Everything else stays: the
-    marker, joblib's `.gitignore`, and any file fedbench did not write (their names are returned).
+    (`joblib/fedbench`), the prepared datasets (fedbench's `data/*.npz`) and the run locks
+    (`locks/*.lock`: a lock's holder removes its file, so those are left by processes that died).
+    Everything else stays: the marker, joblib's `.gitignore`, and any file fedbench did not write (their
+    names are returned).
 
     A folder that is neither a fedbench cache nor empty raises NotACacheError and nothing is deleted.
     """
@@ -321,14 +343,15 @@ def clear_cache(location: str | Path) -> list[str]:
     if not is_cache_dir(location):
         raise not_a_cache(location)
     open_cache_dir(location)  # an older fedbench's cache gets its marker: it stays a cache once emptied
-    store, data = _store(location), location / DATA_DIR
+    store, data, locks = _store(location), location / DATA_DIR, location / LOCKS_DIR
     if store.exists():
         shutil.rmtree(store)
-    if data.is_dir():
-        for p in data.iterdir():
-            if p.is_file() and is_data_file(p.name):
-                p.unlink()
-    for folder in (location / JOBLIB_DIR, data):  # removed when nothing else is left in them
+    for folder, ours in ((data, is_data_file), (locks, _is_lock_file)):
+        if folder.is_dir():
+            for p in folder.iterdir():
+                if p.is_file() and ours(p.name):
+                    p.unlink()
+    for folder in (location / JOBLIB_DIR, data, locks):  # removed when nothing else is left in them
         try:
             folder.rmdir()
         except OSError:
@@ -336,3 +359,8 @@ def clear_cache(location: str | Path) -> list[str]:
     ours = {location / CACHE_MARKER, location / ".gitignore"}
     files = sorted(p for p in location.rglob("*") if p.is_file() and p not in ours)
     return [str(p.relative_to(location)) for p in files]
+
+
+def _is_lock_file(name: str) -> bool:
+    """Whether a file name in `<cache>/locks` is a run lock fedbench writes there."""
+    return name.endswith(LOCK_SUFFIX) and name.split("-", 1)[0] in ("utility", "attack")

@@ -128,9 +128,11 @@ _MARKER_SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
 _MARKER_TEXT = (
     f"{_MARKER_SIGNATURE}\n"
     "# This directory is a fedbench run cache (https://bford.info/cachedir/).\n"
-    "# `fedbench cache clear` deletes only the entries fedbench wrote here (joblib/fedbench, data/*.npz).\n"
+    "# `fedbench cache clear` deletes only the entries fedbench wrote here (joblib/fedbench, data/*.npz,\n"
+    "# locks/*.lock).\n"
 )
-# What fedbench writes inside a cache directory: joblib's store, joblib's .gitignore, prepared datasets.
+# What fedbench writes inside a cache directory: joblib's store, joblib's .gitignore, prepared datasets,
+# and the run locks (`locks/`, see `fedbench.execution.locks`).
 JOBLIB_DIR = "joblib"
 DATA_DIR = "data"
 _JOBLIB_GITIGNORE = "# Created by joblib automatically.\n*\n"
@@ -216,8 +218,8 @@ def open_cache_dir(path: Path) -> Path:
         private_dir(path, "cache directory")
     elif has_marker(path):
         return path
-    elif any(path.iterdir()) and not _legacy_layout(path):
-        raise not_a_cache(path)
+    elif any(path.iterdir()) and not _legacy_layout(path) and not (path / CACHE_MARKER).is_file():
+        raise not_a_cache(path)  # (a marker being written by another process is waited for below)
     try:
         _write_marker(path)
     except OSError as exc:
