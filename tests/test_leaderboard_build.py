@@ -4,6 +4,7 @@ tiny board (sklearn digits, an 8-unit MLP, one FL round, two cheap attacks, two 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -103,7 +104,11 @@ def run(*args):
 
 
 def _lines(result) -> list[str]:
-    return [line for line in result.output.strip().splitlines() if line.strip()]
+    """The output's lines but the per-run progress lines (CliRunner's stderr is not a terminal)."""
+    return [line for line in result.output.strip().splitlines() if line.strip() and not PROGRESS.match(line)]
+
+
+PROGRESS = re.compile(r"^[\w-]+: \[\d+/\d+\] ")
 
 
 @pytest.fixture(scope="module")
@@ -161,12 +166,18 @@ def test_build_writes_the_board_folder(built, presets):
     lines = [line for line in _lines(first) if not line.startswith("warning:")]
     assert len(lines) == 1 and lines[0].startswith("tiny-digits: 8 runs (8 done) in "), first.output
     assert lines[0].endswith(f" s -> {folder}")
+    # stderr is not a terminal here (a log): a line per computed run, named by the board
+    runs = [line for line in first.output.splitlines() if PROGRESS.match(line)]
+    assert len(runs) == 8 and all(line.startswith("tiny-digits: [") and " done " in line for line in runs)
 
 
 def test_a_second_build_is_served_from_the_cache_and_reproduces_the_entries(built):
     root, _cache, _first, second, entries = built
     lines = [line for line in _lines(second) if not line.startswith("warning:")]
     assert lines[0].startswith("tiny-digits: 8 runs (8 cached) in "), second.output
+    runs = [line for line in second.output.splitlines() if PROGRESS.match(line)]
+    assert runs[-1].startswith("tiny-digits: [8/8] ") and len(runs) < 8, second.output
+    assert sum(int(line.split("] ")[1].split()[0]) for line in runs) == 8  # summed up, not one line each
     again = {p.name: p.read_text() for p in (root / "tiny-digits" / lb.ENTRIES_DIR).iterdir()}
     assert again == entries  # same runs, same numbers, same bootstrap (fixed RNG seed)
 

@@ -176,15 +176,21 @@ def build_board(source: BoardSource, grid, setup, cache, root: Path, command: st
     board from it (`leaderboard.export`). A failed or timed-out run leaves the committed board as it
     was: a board with a configuration short of seeds would rank it on fewer numbers than the others."""
     from fedbench.api import execute_grid
+    from fedbench.cli.progress import LogLines
     from fedbench.execution.record import STOP_STATUSES
     from fedbench.reporting import leaderboard as lb
     from fedbench.reporting.tables import load_results
 
     counts: Counter = Counter()
     stated: set[str] = set()
+    # a log file (stderr not a terminal): a line per computed or failed run, cached runs summed up
+    lines = None if err.is_terminal else LogLines(err, grid.specs, prefix=f"{source.board}: ")
 
     def on_event(event) -> None:
         counts[event.status] += 1
+        if lines is not None:
+            lines(event)  # states the warnings too
+            return
         for message in event.record.warnings:
             if message not in stated:  # stated once, not once per run
                 stated.add(message)
@@ -192,7 +198,11 @@ def build_board(source: BoardSource, grid, setup, cache, root: Path, command: st
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedbench-board-") as tmp:
-        records, path = execute_grid(grid, setup, cache, tmp, on_event=on_event, command=command)
+        try:
+            records, path = execute_grid(grid, setup, cache, tmp, on_event=on_event, command=command)
+        finally:
+            if lines is not None:
+                lines.close()
         result = BoardBuild(source.board, len(records), counts, 0.0)
         bad = [r for r in records if r.status in STOP_STATUSES]
         if bad:
@@ -233,8 +243,10 @@ def build_cmd(
     """Run each board's preset and export the board from its results (JSON entries, CSV, README).
 
     The same runs as 'fedbench run PRESET' (served from the cache when they ran before), then what
-    'fedbench export --to leaderboard' does. One line per board: its runs and seconds. A failed run
-    leaves that board as it was; the others are built, and the command exits 1 naming it.
+    'fedbench export --to leaderboard' does. One line per board: its runs and seconds (with stderr
+    redirected to a file, also a line per computed or failed run, cached runs summed up every few
+    seconds). A failed run leaves that board as it was; the others are built, and the command exits 1
+    naming it.
 
     Examples:
 

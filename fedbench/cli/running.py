@@ -123,6 +123,9 @@ def run_cmd(
     With no arguments it runs the quickstart preset on shipped data. Writes the results CSV (+ JSON
     sidecar), a markdown table and a trade-off plot to --output.
 
+    Progress goes to stderr: a bar on a terminal; redirected to a file, one line per computed or
+    failed run, and cached runs summed up every few seconds.
+
     Examples:
 
       fedbench run smoke
@@ -223,6 +226,29 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False):
+    """Run the grid with its progress on stderr: a bar on a terminal, else plain lines (`LogLines`)."""
+    from fedbench.api import execute_grid
+
+    command = "fedbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if not err.is_terminal:  # a log file: no bar (rich would draw it only at the end), a line per run
+        from fedbench.cli.progress import LogLines
+
+        lines = LogLines(err, grid.specs)
+
+        def log_event(event):
+            counts[event.status] += 1
+            lines(event)
+
+        try:
+            return execute_grid(
+                grid, setup, cache, output, on_event=log_event, command=command, fail_fast=fail_fast
+            )
+        finally:
+            lines.close()
+    return _run_with_bar(grid, setup, cache, output, counts, command, fail_fast)
+
+
+def _run_with_bar(grid, setup, cache, output, counts, command, fail_fast):
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -234,7 +260,6 @@ def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False):
 
     from fedbench.api import execute_grid
 
-    command = "fedbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),
