@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 boards: $(STAMP)
-	$(BIN)/fedbench leaderboard build --all --threads 1
+	$(BIN)/fedbench leaderboard build --all --n-jobs auto --threads 1
 	$(BIN)/fedbench leaderboard check
 
 # the boards as a static website (open site/index.html; no network needed)

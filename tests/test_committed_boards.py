@@ -1,0 +1,81 @@
+"""The committed leaderboards as issue 18 defines them: six boards, every shipped method on one, attacks
+that clearly work without a defense, intervals and rank stability stated.
+
+These read the committed `leaderboards/` files only (no run): a rebuilt board that loses a method, or
+whose no-defense attack falls to its baseline, fails here before it lands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedbench import registry
+from fedbench.reporting.board_build import plugin_name
+from fedbench.spec.grid import list_presets
+
+ROOT = Path(__file__).resolve().parents[1] / "leaderboards"
+BOARDS = {
+    "inversion-fedsgd-mnist5k-mlp": "board-fedsgd",
+    "inversion-fedavg-mnist5k-mlp": "board-fedavg",
+    "malicious-server-mnist5k-fcnn": "board-malicious",
+    "attribute-inference-adult-mlp": "board-attribute",
+    "membership-mnist5k-mlp": "board-membership",
+    "leakage-types-mnist5k-mlp": "board-leakage-types",
+}
+MIN_INVERSION_GAP_DB = 25.0  # issue 18: no defense >= 25 dB above the random-image floor
+
+
+def _board(name: str) -> dict:
+    return json.loads((ROOT / name / "board.json").read_text())
+
+
+def _entries(name: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((ROOT / name / "entries").glob("*.json"))]
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_board_is_committed_from_its_preset(name):
+    folder = ROOT / name
+    assert (folder / "README.md").is_file() and (folder / "leaderboard.csv").is_file()
+    assert _entries(name), f"{name} has no entries"
+    board = _board(name)
+    assert board["preset"] == BOARDS[name]
+    assert BOARDS[name] in {preset for preset, _, _ in list_presets()}
+    assert f"fedbench leaderboard build {BOARDS[name]}" in (folder / "README.md").read_text()
+
+
+def test_every_shipped_defense_and_attack_is_on_a_board():
+    registry.load_builtins()
+    defenses = {e["defense_name"] for name in BOARDS for e in _entries(name)}
+    attacks = {plugin_name(a) for name in BOARDS for a in _board(name)["attack_suite"]}
+    shipped = {
+        kind: {c.name for c in registry.registry_for(kind).list() if c.__module__.startswith("fedbench.")}
+        for kind in ("defense", "attack")  # fedbench's own plugins, not those other tests register
+    }
+    assert shipped["defense"] - defenses == set()
+    assert shipped["attack"] - attacks == set()
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_no_defense_clearly_beats_its_baseline(name):
+    """The gap between the no-defense worst case and the board's baseline (random image, majority
+    class, chance) has a 95 % interval above zero, and is >= 25 dB on inversion boards."""
+    baseline = _board(name)["baseline"]
+    gap = baseline["gap"]
+    assert gap["low"] > 0, f"{name}: the no-defense attack does not beat its {baseline['kind']}"
+    if baseline["metric"] == "psnr":
+        assert gap["mean"] >= MIN_INVERSION_GAP_DB
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_rows_carry_intervals_and_the_board_states_rank_stability(name):
+    readme = (ROOT / name / "README.md").read_text()
+    assert "Rank stability:" in readme
+    for entry in _entries(name):
+        acc = entry["metrics"]["test_acc"]
+        assert acc["n"] >= 2 and acc["spread_kind"] in ("ci95", "std"), entry["defense"]
+        if acc["n"] >= 3:
+            assert acc["spread_kind"] == "ci95"
