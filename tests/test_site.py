@@ -292,7 +292,12 @@ def _natural_compare(x: str, y: str) -> int:
 def test_natural_order_puts_shorter_numbers_first():
     names = ["gradient-pruning[p=0.99]", "gradient-pruning[p=0.9]", "mixup[k=16]", "mixup[k=4]", "None"]
     assert sorted(names, key=functools.cmp_to_key(_natural_compare)) == [
-        "gradient-pruning[p=0.9]", "gradient-pruning[p=0.99]", "mixup[k=4]", "mixup[k=16]", "None"]
+        "gradient-pruning[p=0.9]",
+        "gradient-pruning[p=0.99]",
+        "mixup[k=4]",
+        "mixup[k=16]",
+        "None",
+    ]
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: site.js's sort not run")
@@ -302,9 +307,21 @@ def test_site_js_natural_compare_is_the_mirrored_order(tmp_path):
 
     js = (Path(site.__file__).parent / "static" / "site.js").read_text()
     function = re.search(r"function naturalCompare\(.*?\n}\n", js, re.S).group(0)
-    names = ["soteria[prune=0.8]", "gradient-pruning[p=0.99]", "Gradient-pruning[p=0.9]",
-             "dp-gaussian[clip=1,sigma=0.1]", "dp-gaussian[clip=1,sigma=0.01]", "mixup[k=16]",
-             "mixup[k=4]", "none", "a", "a1", "a-1", "10", "9"]
+    names = [
+        "soteria[prune=0.8]",
+        "gradient-pruning[p=0.99]",
+        "Gradient-pruning[p=0.9]",
+        "dp-gaussian[clip=1,sigma=0.1]",
+        "dp-gaussian[clip=1,sigma=0.01]",
+        "mixup[k=16]",
+        "mixup[k=4]",
+        "none",
+        "a",
+        "a1",
+        "a-1",
+        "10",
+        "9",
+    ]
     script = tmp_path / "order.js"
     script.write_text(function + f"console.log(JSON.stringify({json.dumps(names)}.sort(naturalCompare)));\n")
     out = subprocess.run(["node", str(script)], capture_output=True, text=True, check=True).stdout
