@@ -191,7 +191,7 @@ class RunData:
     train_size: int
     test_size: int
     client_indices: tuple[tuple[int, ...], ...]
-    reserved: tuple[int, ...] = ()  # training-prefix indices the defense set aside (`Defense.reserve`)
+    reserved: tuple[int, ...] = ()  # indices the defense set aside (`Defense.reserve`): prefix or beyond
     scenario: Scenario | None = None
 
     def unused_train(self) -> range:

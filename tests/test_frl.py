@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from fedbench.cli import app
 from fedbench.defenses._frl_core import gradient_modification
-from fedbench.plugin import HookContext, Scenario
+from fedbench.errors import FedbenchError
+from fedbench.plugin import HookContext, RunData, Scenario
 from fedbench.registry import defenses, load_builtins
 
 load_builtins()
@@ -202,3 +203,42 @@ def test_dp_sgd_clips_each_whole_example_gradient():
     assert (
         torch.allclose(f["a"], f["b"]) and f["a"][0].item() == pytest.approx(0.2) and f["a"][1].item() == 1.0
     )
+
+
+def test_frl_aux_from_unused_keeps_the_prefix_whole_and_leaves_the_nonmember_pool():
+    """aux_from=unused: the server's auxiliary set is the examples right after the training prefix, so
+    every prefix record can be a client's (500 one-record clients on 500 records); membership attacks
+    do not draw those server records as non-members."""
+    from fedbench.attacks._membership_core import _nonmember_pool
+    from fedbench.data import load_dataset
+    from fedbench.fl.simulation import Simulation
+    from fedbench.models import build_model
+
+    bundle = load_dataset("digits", {}, None, False)
+    sc = Scenario.from_dict(
+        dict(clients=200, rounds=1, participation=0.05, local_steps=1, batch_size=1, train_size=200)
+    )
+    frl = _frl(lam=1.0, aux_from="unused")
+    sim = Simulation(sc, bundle, lambda: build_model("mlp", {"hidden": [16]}, (1, 8, 8), 10), frl, seed=0)
+    assert math.isfinite(sim.run().test_acc)
+    assert list(sim.reserved) == list(range(200, 220))
+    assert sorted(i for ix in sim.client_indices for i in ix.tolist()) == list(range(200))
+    data = RunData(bundle, 200, 100, tuple(tuple(ix.tolist()) for ix in sim.client_indices), sim.reserved)
+    x_pool, _ = _nonmember_pool(data, "train")
+    assert len(x_pool) == len(bundle.y_train) - 220
+    assert torch.equal(x_pool[0], bundle.x_train[220])
+    with pytest.raises(
+        FedbenchError,
+        match="aux_from=unused needs 143 training examples beyond scenario.train_size, the dataset has 1437",
+    ):
+        huge = Scenario.from_dict(dict(clients=4, rounds=1, train_size=len(bundle.y_train) - 5))
+        Simulation(huge, bundle, lambda: build_model("mlp", {"hidden": [16]}, (1, 8, 8), 10), frl, seed=0)
+
+
+def test_frl_aux_from_at_its_default_keeps_the_run_ids():
+    from fedbench.spec.run import ComponentSpec
+
+    plain = ComponentSpec.resolve("defense", "frl", {})
+    assert plain.key() == ComponentSpec.resolve("defense", "frl", {"aux_from": "train"}).key()
+    assert "aux_from" not in plain.key()["params"]
+    assert ComponentSpec.resolve("defense", "frl", {"aux_from": "unused"}).key() != plain.key()

@@ -16,6 +16,9 @@ The auxiliary set: `aux_fraction` of the training prefix, drawn at random (seede
 and set aside by the server before the data is split over the clients (`Defense.reserve`), as the
 paper's "divided into a training dataset and an auxiliary dataset". No client trains on it, and
 membership attacks do not count it as members. Every client samples its aux batch from it.
+`aux_from=unused` takes the same number of examples from beyond the training prefix instead (records
+no client holds, as the server's own data): the prefix stays whole, so a scenario with as many
+one-record clients as training examples (the FedAvg board) can run FRL.
 
 Engine hooks: `reserve` (the carve-out), `bind_data` (aux tensors, client sizes), `loss` (SA step
 then Eq. 5), `step` (GM per local step), `update` (GM per round; the client's SA state is handed to
@@ -41,6 +44,7 @@ class FRL(Defense):
 
     version = "1"
     paper = FRL_PAPER
+    key_optional = ("aux_from",)  # added later: at its default the run ids stay those of before
 
     @dataclass(frozen=True)
     class Params:
@@ -65,6 +69,10 @@ class FRL(Defense):
             max=1,
             min_open=True,
             max_open=True,
+        )
+        aux_from: Literal["train", "unused"] = param(
+            "train",
+            "auxiliary set: carved out of the training prefix (paper) or the examples beyond it (unused)",
         )
         aux_sampling: Literal["class-matched", "uniform"] = param(
             "class-matched", "aux batch: the local batch's labels (ours; see _frl_core) or uniform"
@@ -92,14 +100,23 @@ class FRL(Defense):
                 f"frl: aux_fraction={self.params.aux_fraction} of {train_size} training examples leaves "
                 f"an auxiliary set of {n_aux}; choose aux_fraction so that it holds 1 to {train_size - 1}"
             )
+        if self.params.aux_from == "unused":  # the examples right after the prefix: no client's
+            return list(range(train_size, train_size + n_aux))
         return sorted(numpy_rng(seed, "frl-aux").choice(train_size, n_aux, replace=False).tolist())
 
     def bind_data(self, data: RunData) -> None:
         import torch
 
         from fedbench.defenses._frl_core import FRLState
+        from fedbench.errors import FedbenchError
 
         aux = torch.as_tensor(data.reserved, dtype=torch.long)
+        available = len(data.bundle.y_train)
+        if len(aux) and int(aux.max()) >= available:
+            raise FedbenchError(
+                f"frl: aux_from=unused needs {len(aux)} training examples beyond scenario.train_size, "
+                f"the dataset has {available} in all; lower scenario.train_size or use aux_from=train"
+            )
         self._state = FRLState(
             self.params,
             data.bundle.x_train[aux],
