@@ -191,12 +191,15 @@ class RunData:
     train_size: int
     test_size: int
     client_indices: tuple[tuple[int, ...], ...]
-    reserved: tuple[int, ...] = ()  # indices the defense set aside (`Defense.reserve`): prefix or beyond
+    reserved: tuple[int, ...] = ()  # indices the defense set aside (`Defense.reserve`): prefix or beyond it
     scenario: Scenario | None = None
 
-    def unused_train(self) -> range:
-        """Indices of training examples no client holds (beyond train_size)."""
-        return range(self.train_size, len(self.bundle.y_train))
+    def unused_train(self) -> Sequence[int]:
+        """Indices of training examples no client holds (beyond train_size), less the records the
+        server set aside there for itself (FRL's `aux_from=unused`): those are no one's spare data."""
+        spare = range(self.train_size, len(self.bundle.y_train))
+        beyond = {i for i in self.reserved if i >= self.train_size}
+        return [i for i in spare if i not in beyond] if beyond else spare
 
 
 class Dataset(Plugin):

@@ -58,7 +58,7 @@ def test_meta_perturbation_keeps_only_meta_test_steps_within_p_eps():
 def _bound(defense, bundle, train_size=100):
     sc = Scenario.from_dict({"protocol": "fedsgd", "clients": 10, "batch_size": 0, "lr": 0.1})
     idx = tuple((i,) for i in range(10))
-    defense.bind_data(RunData(bundle, train_size, 50, idx, sc))
+    defense.bind_data(RunData(bundle, train_size, 50, idx, scenario=sc))
     return sc
 
 

@@ -51,8 +51,7 @@ def _nonmember_pool(data: RunData, source: str) -> tuple[torch.Tensor, torch.Ten
     b = data.bundle
     if source == "test":
         return b.x_test, b.y_test
-    reserved = set(data.reserved)  # the server's own records (FRL's aux_from=unused) are no one's
-    idx = torch.as_tensor([i for i in data.unused_train() if i not in reserved], dtype=torch.long)
+    idx = torch.as_tensor(list(data.unused_train()), dtype=torch.long)
     return b.x_train[idx], b.y_train[idx]
 
 
