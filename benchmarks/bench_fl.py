@@ -14,6 +14,22 @@ With 4000 training examples the three sizes stress different costs: 10 clients =
 round (the step dominates), 1000 clients = 100 clients x 1 step (the per-client overhead dominates).
 `--profile N` prints the top N cProfile entries of a fedbench run at each size instead of timing.
 
+When `flwr` (with its simulation extra, `pip install 'flwr[simulation]'`) is importable, Flower's
+simulation engine runs the same FedAvg as a second baseline (`flwr.simulation.run_simulation`, a
+ServerApp with the `FedAvg` strategy, a ClientApp on Ray actors): `clients` virtual SuperNodes, each
+holding fedbench's own iid partition (seed 0) of the same data, the same MLP and initial weights, 10 %
+of the nodes a round, one local epoch of SGD at batch 32, lr 0.1, a test-set evaluation at the end.
+Ray gets `--flower-actors` CPUs (default 1) and each ClientApp actor 1 CPU and `--threads` torch
+threads, so one actor trains the clients one after the other, like fedbench on one thread. Only the
+rounds are timed (best of the repeats, each from the same initial weights, in one simulation); the
+engine's start (Ray, the actors, their imports and data) plus one untimed warm-up round is reported
+as Flower's set-up. What differs, by Flower's design: every round's weights travel as messages
+(serialised to the actor and back), the engine polls for messages and replies every 0.1 s, its server
+thread and Ray's own processes run beside the actor (so Flower gets more than fedbench's one core),
+and the nodes and batches are drawn unseeded rather than with fedbench's seeded draws; FedAvg weights
+by examples on both sides. Flower runs after all the other timings (not interleaved with them), best
+of at most 3. Without flwr the Flower columns and checks are left out and a line says why.
+
     python benchmarks/bench_fl.py --quick --threads 1 --out benchmarks/results/fl.json
 """
 
@@ -103,6 +119,127 @@ def plain_run(bundle, clients: int, rounds: int, device: str) -> float:
     return time.perf_counter() - start
 
 
+_ACTOR: dict = {}  # a Flower actor's process: the data, partition and model, built once per client count
+
+
+def flower_missing() -> str | None:
+    """Why Flower's simulation cannot run here, or None when it can."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError as exc:
+        return f"flwr is not importable ({exc}); pip install 'flwr[simulation]' to add it"
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return "flwr is installed without its simulation engine (ray); pip install 'flwr[simulation]'"
+    return None
+
+
+def _flower_client_state(clients: int, threads: int) -> dict:
+    """The actor's fedbench Simulation for `clients` clients: its data, iid partition and MLP."""
+    if _ACTOR.get("clients") != clients:
+        import torch
+
+        from fedbench.data import load_dataset
+
+        torch.set_num_threads(threads)
+        bundle = _ACTOR.get("bundle") or load_dataset("mnist5k", {})
+        sim = fedbench_sim(bundle, clients, 1, "cpu")  # also flushes denormals, as fedbench's run does
+        _ACTOR.update(
+            bundle=bundle, clients=clients, sim=sim, parts=[torch.as_tensor(ix) for ix in sim.client_indices]
+        )
+    return _ACTOR
+
+
+def _flower_local_train(msg, context):
+    """One client's round in a Flower actor: the global weights in, one local epoch, the weights out."""
+    import torch
+    import torch.nn.functional as F
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    state = _flower_client_state(
+        int(context.node_config["num-partitions"]), int(msg.content["config"]["threads"])
+    )
+    sim = state["sim"]
+    model = sim.model
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    part = state["parts"][int(context.node_config["partition-id"])]
+    idx = part[torch.randperm(len(part))]
+    for b in idx.split(BATCH):
+        opt.zero_grad()
+        F.cross_entropy(model(sim.x_train[b]), sim.y_train[b]).backward()
+        opt.step()
+    reply = RecordDict(
+        {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord({"num-examples": len(part)})}
+    )
+    return Message(content=reply, reply_to=msg)
+
+
+def _flower_train(msg, context):
+    # pickled to the Ray actors by value when this file runs as a script: the actor imports it as a
+    # module, so its `_ACTOR` cache lives across messages
+    import bench_fl
+
+    return bench_fl._flower_local_train(msg, context)
+
+
+def flower_run(bundle, clients: int, rounds: int, repeats: int, threads: int, actors: int) -> dict:
+    """Flower's simulation of the benchmark's FedAvg: {'seconds': best of `repeats` timings of `rounds`
+    rounds and the evaluation, 'setup_s': engine start plus one warm-up round, 'total_s': the whole
+    run_simulation call}."""
+    import logging
+
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    sim = fedbench_sim(bundle, clients, rounds, "cpu")  # the same initial weights as fedbench's run
+    model, xt, yt = sim.model, sim.x_test, sim.y_test
+    initial = ArrayRecord(model.state_dict())
+    out: dict = {}
+    client_app = ClientApp()
+    client_app.train()(_flower_train)
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid, context) -> None:
+        strategy = FedAvg(
+            fraction_train=FRACTION, fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=clients
+        )
+        config = ConfigRecord({"threads": threads})
+        strategy.start(grid, initial, num_rounds=1, train_config=config)  # warm-up: actors import, load
+        out["setup_s"] = time.perf_counter() - start
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            result = strategy.start(grid, initial, num_rounds=rounds, train_config=config)
+            model.load_state_dict(result.arrays.to_torch_state_dict())
+            with torch.no_grad():
+                out["accuracy"] = (model(xt).argmax(1) == yt).float().mean().item()
+            best = min(best, time.perf_counter() - t0)
+        out["seconds"] = best
+
+    start = time.perf_counter()
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=clients,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": actors, "num_gpus": 0},
+        },
+    )
+    out["total_s"] = time.perf_counter() - start
+    if "seconds" not in out:
+        raise RuntimeError(f"Flower's simulation at {clients} clients ended without timing its rounds")
+    return out
+
+
 def profile(bundle, sizes: list[int], rounds: int, device: str, top: int) -> None:
     """Print the `top` entries by own time (tottime) of a fedbench run at each size."""
     import cProfile
@@ -125,6 +262,12 @@ def main() -> dict:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a shared CPU)")
     ap.add_argument("--device", default="auto", help="auto (cuda when visible), cpu or cuda")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N cProfile entries")
+    ap.add_argument(
+        "--no-flower", action="store_true", help="leave out the Flower baseline even if installed"
+    )
+    ap.add_argument(
+        "--flower-actors", type=int, default=1, help="CPUs given to Ray = Flower ClientApp actors (default 1)"
+    )
     ap.add_argument("--out", default=None, help="write JSON results here")
     args = ap.parse_args()
     import torch
@@ -142,13 +285,21 @@ def main() -> dict:
         return {}
     fedbench_run(bundle, sizes[0], 1, device)  # warm-up (imports, allocator)
     plain_run(bundle, sizes[0], 1, device)
-    rows, checks = [], []
+    skipped = "--no-flower" if args.no_flower else flower_missing()
+    if skipped is None and device != "cpu":
+        skipped = f"the Flower baseline runs on CPU only (device {device})"
+    flower = skipped is None
+    if not flower:
+        print(f"Flower baseline skipped: {skipped}")
+    flower_repeats = min(repeats, 3)  # each of its rounds takes seconds at 1000 clients
+    rows, checks, fedbench_s = [], [], {}
     for clients in sizes:
         fb, pl, init = float("inf"), float("inf"), float("inf")
         for _ in range(repeats):  # interleaved, best of: load on a shared CPU falls on both alike
             seconds, built = fedbench_run(bundle, clients, rounds, device)
             fb, init = min(fb, seconds), min(init, built)
             pl = min(pl, plain_run(bundle, clients, rounds, device))
+        fedbench_s[clients] = fb
         fb_mem = peak_memory_mb(lambda c=clients: fedbench_run(bundle, c, 2, device), device)
         pl_mem = peak_memory_mb(lambda c=clients: plain_run(bundle, c, 2, device), device)
         rows.append(
@@ -166,39 +317,73 @@ def main() -> dict:
             checks.append(
                 check(f"FL rounds/s vs plain loop, {clients} clients", pl / fb, ">= 0.9", pl / fb >= 0.9)
             )
-    md = markdown_table(
-        [
-            "clients",
-            "plain rounds/s",
-            "fedbench rounds/s",
-            "x baseline",
-            "fedbench set-up s",
-            "peak MB plain",
-            "peak MB fedbench",
-        ],
-        [
-            [
-                r["clients"],
-                r["plain_rounds_per_s"],
-                r["fedbench_rounds_per_s"],
-                r["ratio"],
-                r["fedbench_setup_s"],
-                r["plain_peak_mb"],
-                r["fedbench_peak_mb"],
-            ]
-            for r in rows
-        ],
-    )
+    # after every fedbench and plain timing, so that Ray's processes never run beside them
+    for row in rows if flower else []:
+        clients = row["clients"]
+        fl = flower_run(bundle, clients, rounds, flower_repeats, args.threads, args.flower_actors)
+        ratio = fl["seconds"] / fedbench_s[clients]  # fedbench's rounds/s over Flower's
+        row.update(
+            flower_rounds_per_s=rounds / fl["seconds"],
+            flower_ratio=ratio,
+            flower_setup_s=fl["setup_s"],
+            flower_accuracy=fl["accuracy"],
+        )
+        checks.append(
+            check(f"fedbench rounds/s vs Flower simulation, {clients} clients", ratio, ">= 5", ratio >= 5)
+        )
+    header = [
+        "clients",
+        "plain rounds/s",
+        "fedbench rounds/s",
+        "x baseline",
+        "fedbench set-up s",
+        "peak MB plain",
+        "peak MB fedbench",
+    ]
+    keys = [
+        "clients",
+        "plain_rounds_per_s",
+        "fedbench_rounds_per_s",
+        "ratio",
+        "fedbench_setup_s",
+        "plain_peak_mb",
+        "fedbench_peak_mb",
+    ]
+    if flower:
+        header += ["Flower rounds/s", "x Flower", "Flower set-up s"]
+        keys += ["flower_rounds_per_s", "flower_ratio", "flower_setup_s"]
+    md = markdown_table(header, [[r[k] for k in keys] for r in rows])
     print(md)
     print(
         f"\nmnist5k, {FRACTION:.0%} of the clients per round, MLP 256-256, batch {BATCH}, {rounds} rounds, "
         f"{args.threads} thread(s), {device}"
     )
+    if flower:
+        import flwr
+        import ray
+
+        info = {
+            "flwr": flwr.__version__,
+            "ray": ray.__version__,
+            "engine": "flwr.simulation.run_simulation, Ray backend",
+            "actors": args.flower_actors,
+            "cpus_per_actor": 1,
+            "threads_per_actor": args.threads,
+            "repeats": flower_repeats,
+        }
+        print(
+            f"Flower {flwr.__version__} simulation (Ray {ray.__version__}): {args.flower_actors} ClientApp "
+            f"actor(s) of 1 CPU and {args.threads} torch thread(s), best of {flower_repeats}; x Flower = "
+            "fedbench rounds/s over Flower's; Flower set-up = Ray and actor start plus one warm-up round"
+        )
+    else:
+        info = {"skipped": skipped}
     result = {
         "rows": rows,
         "rounds": rounds,
         "checks": checks,
         "env": environment(device, args.quick, args.threads),
+        "flower": info,
     }
     write_json(args.out, result)
     return result
