@@ -95,6 +95,7 @@ def _gla(
         lr=cfg["lr"],
         box=box,
         lr_decay=cfg["lr_decay"],
+        plateau=cfg.get("plateau"),
         name=attack.name,
     )
     return rec.x[rec.best]

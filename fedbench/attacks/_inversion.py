@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedbench.attacks._schedules import Plateau
 from fedbench.errors import RunFailure
 
 Cost = Literal["l2", "cosine"]
@@ -261,6 +262,8 @@ class Reconstruction:
     evaluations: int
     iterations_to_success: list[int | None] = field(default_factory=list)
     diverged: list[bool] = field(default_factory=list)
+    stopped: str = "budget"  # plateau schedule: 'converged' or 'budget' (the cap)
+    lr_decays: list[list[int]] = field(default_factory=list)  # per candidate: iterations of each decay
 
     @property
     def best(self) -> int:
@@ -286,6 +289,7 @@ def reconstruct_batched(
     lbfgs_history: int = 100,
     success_threshold: float | None = None,
     stop_on_success: bool = False,
+    plateau: Plateau | None = None,
     name: str = "attack",
 ) -> Reconstruction:
     """Optimise R candidates [R, B, C, H, W] at once against `matcher`.
@@ -296,7 +300,8 @@ def reconstruct_batched(
     clamp into `box` after every step) or 'lbfgs' (per-candidate L-BFGS, one iteration = one
     `torch.optim.LBFGS.step` with `max_iter` inner evaluations; the box is applied to the output only).
     `success_threshold`: the first iteration after which a candidate's objective is below it is
-    recorded in `iterations_to_success`.
+    recorded in `iterations_to_success`. `plateau` (signed Adam only) replaces the fixed milestones
+    by decays when a candidate's objective stops improving, and stops it once it has converged.
     """
     if (labels is None) == (label_logits0 is None):
         raise ValueError("give exactly one of labels / label_logits0")
@@ -304,6 +309,18 @@ def reconstruct_batched(
     if optimizer == "adam-signed":
         if label_logits0 is not None:
             raise ValueError("adam-signed optimises images only; give labels")
+        if plateau is not None:
+            return _adam_signed_plateau(
+                matcher,
+                x0,
+                labels,
+                plateau,
+                iterations=iterations,
+                lr=lr,
+                box=box,
+                lr_decay=lr_decay,
+                name=name,
+            )
         return _adam_signed(
             matcher, x0, labels, iterations, lr, box, lr_decay, success_threshold, stop_on_success, name
         )
@@ -387,18 +404,87 @@ def _adam_signed(
                 x.data = torch.maximum(torch.minimum(x.data, box[1]), box[0])
     else:
         it = iterations
-    if int(bad_at) >= 0:
-        raise _fail(name, int(bad_at))
-    with torch.no_grad():
-        final = matcher.objective(x.detach(), y)
-    if not bool(torch.isfinite(final).all()) or not bool(torch.isfinite(x).all()):
-        raise _fail(name, it)
+    final = _final_objective(matcher, x.detach(), y, bad_at, it, name)
     success = _record_success(success, final, success_threshold, it)
-    return Reconstruction(x.detach(), None, final.detach(), it, it + 1, _success_list(success), [False] * R)
+    return Reconstruction(x.detach(), None, final, it, it + 1, _success_list(success), [False] * R)
 
 
 #: The signed-Adam loop reads its on-device finiteness flag every this many iterations (from the first).
 FINITE_CHECK_EVERY = 25
+
+
+def _adam_signed_plateau(
+    matcher: GradientMatcher, x0: torch.Tensor, labels: torch.Tensor, plateau: Plateau, **kw: Any
+) -> Reconstruction:
+    """Signed Adam under a `Plateau` schedule: one parameter group per candidate, so each candidate has
+    its own step size and stops on its own (a stopped candidate's step size is 0: its iterate stays).
+    `kw`: iterations, lr, box, lr_decay and name, as for `_adam_signed`."""
+    iterations, lr, box, name = kw["iterations"], kw["lr"], kw["box"], kw["name"]
+    R = x0.shape[0]
+    xs = [x0[r].detach().clone().requires_grad_(True) for r in range(R)]
+    opt = torch.optim.Adam([{"params": [x], "lr": lr} for x in xs], lr=lr)
+    y = labels.unsqueeze(0).expand(R, -1)
+    device = x0.device
+    best = torch.full((R,), math.inf, device=device)
+    improved_at = torch.zeros(R, dtype=torch.long, device=device)
+    bad_at = torch.full((), -1, dtype=torch.long, device=device)
+    decays_left = [plateau.decays if kw["lr_decay"] else 0] * R
+    decayed_at: list[list[int]] = [[] for _ in range(R)]
+    running = [True] * R
+    it = 0
+    for it in range(iterations):
+        x = torch.stack(xs)
+        obj = matcher.objective(x, y)
+        bad_at = torch.where((bad_at < 0) & ~torch.isfinite(obj).all(), it, bad_at)
+        better = obj.detach() < best * (1 - plateau.rtol)
+        improved_at = torch.where(better, it, improved_at)
+        best = torch.where(better, obj.detach(), best)
+        if it % plateau.check_every == 0 and it:
+            if int(bad_at) >= 0:
+                raise _fail(name, int(bad_at))
+            stalled = ((it - improved_at) >= plateau.patience).tolist()
+            for r in range(R):
+                if not (running[r] and stalled[r]):
+                    continue
+                if decays_left[r]:
+                    decays_left[r] -= 1
+                    decayed_at[r].append(it)
+                    opt.param_groups[r]["lr"] *= plateau.factor
+                    improved_at[r] = it
+                else:
+                    running[r] = False
+                    opt.param_groups[r]["lr"] = 0.0
+            if not any(running):
+                break
+        grads = torch.autograd.grad(obj.sum(), xs)
+        for x_r, g in zip(xs, grads, strict=True):
+            x_r.grad = g.sign()
+        opt.step()
+        if box is not None:
+            with torch.no_grad():
+                for x_r in xs:
+                    x_r.data = torch.maximum(torch.minimum(x_r.data, box[1]), box[0])
+    else:
+        it = iterations
+    x = torch.stack([x_r.detach() for x_r in xs])
+    final = _final_objective(matcher, x, y, bad_at, it, name)
+    stopped = "converged" if not any(running) else "budget"
+    return Reconstruction(
+        x, None, final, it, it + 1, [None] * R, [False] * R, stopped=stopped, lr_decays=decayed_at
+    )
+
+
+def _final_objective(
+    matcher: GradientMatcher, x: torch.Tensor, y: torch.Tensor, bad_at: torch.Tensor, it: int, name: str
+) -> torch.Tensor:
+    """The objective of signed Adam's final iterate; the run fails on any non-finite value seen."""
+    if int(bad_at) >= 0:
+        raise _fail(name, int(bad_at))
+    with torch.no_grad():
+        final = matcher.objective(x, y)
+    if not bool(torch.isfinite(final).all()) or not bool(torch.isfinite(x).all()):
+        raise _fail(name, it)
+    return final.detach()
 
 
 def _no_success(R: int, device: torch.device) -> torch.Tensor:
@@ -658,6 +744,7 @@ def run_inversion(
         lbfgs_history=cfg.get("lbfgs_history", 100),
         success_threshold=cfg.get("success_threshold"),
         stop_on_success=cfg.get("stop_on_success", False),
+        plateau=cfg.get("plateau"),
         name=self.name,
     )
     best = rec.best
@@ -693,6 +780,10 @@ def run_inversion(
         "observed_zero_fraction": round(float(zero_frac), 6),
         "matched_tensors": len(matcher.names),
     }
+    if cfg.get("plateau") is not None:  # the schedule decided the budget: say where it decayed and stopped
+        extra["schedule"] = "plateau"
+        extra["stopped"] = rec.stopped  # 'converged' or 'budget' (the cap by image size)
+        extra["lr_decays"] = rec.lr_decays[best]
     as_gradient = update_as_gradient(observation.kind, observation.local_steps)
     if as_gradient is not None:
         extra["update_as_gradient"] = as_gradient
