@@ -1,13 +1,28 @@
 """Speed of the gradient-inversion core: one reconstruction vs R reconstructions batched with torch.func.
 
-For dlg (per-candidate L-BFGS, L2 cost) and ig (signed Adam, cosine cost) on a LeNet-like and a small
-ConvNet-like model at 1x28x28 (built with `fedbench.models.build_model` when available, else locally),
-it times `reconstruct_batched` with R=1 and R=8 candidates and reports reconstructions x objective
-evaluations per second and the batched/single ratio (> 1 means batching pays per reconstruction;
-the target is >= 3x on LeNet, the DLG papers' model), with the peak memory of each (see _common).
-On a machine with a GPU it runs there (`--device auto`).
+For dlg (per-candidate L-BFGS, L2 cost) and ig (signed Adam, cosine cost) at 1x28x28 on three models
+from `fedbench.models` (issue 19: every model is labelled with its width):
+- `lenet-12`: DLG's LeNet (4 conv5x5 layers of 12 channels, sigmoid; the DLG papers' model);
+- `convnet-8`: breaching's ConvNet (8 conv3x3+BN+ReLU layers, channels 1,2,2,4,4,4,4,4 x width, two
+  max-pools of 3, linear) at width 8 (the small model of the earlier tables, labelled `convnet`);
+- `convnet-64`: the same at width 64, breaching's own `convnet` (its `ConvNet(width=64)`).
+fedbench's `ConvNet` has breaching's layer sequence and names under `.model` (conv0..7, bn0..7,
+relu0..7, pool0, pool1, flatten); the differences: the linear layer is `.linear` beside `.model`
+rather than inside it, a 1x28x28 input here (breaching's CIFAR cases are 3x32x32; both end in a 3x3
+map, 36 x width features), the pools clamp to the map left (equal to breaching's from 9x9 up), and
+the model is evaluated in eval mode (BN running statistics, as `inv.prepare_model(..., "eval")`).
+The weights are torch's default initialisation in both (seed 0 here).
 
-    python benchmarks/bench_inversion.py --quick --out bench_inversion.json
+It times `reconstruct_batched` with R=1 and R=R (default 8) candidates in the same run, the single
+run bracketing the batched one (the faster of the two single runs is kept), and reports
+reconstructions x objective evaluations per second, the batched/single ratio (> 1 means batching pays
+per reconstruction; the target is >= 3x on LeNet) and the peak memory of one iteration single and
+batched (see _common) with their ratio. ConvNet-64 is slow on a CPU (about 1.4 GFLOP per forward of
+one 1x28x28 image), so it gets fewer iterations, fewer L-BFGS inner evaluations and fewer repeats
+(`MODELS`; the ratio is per objective evaluation, so it compares alike). On a machine with a GPU it
+runs there (`--device auto`).
+
+    python benchmarks/bench_inversion.py --quick --threads 1 --out bench_inversion.json
 """
 
 from __future__ import annotations
@@ -25,56 +40,35 @@ from fedbench.plugin import DatasetMeta
 
 META = DatasetMeta("mnist-like", (1, 28, 28), 10, "image", (0.1307,), (0.3081,))
 
-
-def local_model(name: str) -> nn.Module:
-    if name == "lenet":
-        m = nn.Sequential(
-            nn.Conv2d(1, 12, 5, 2, 2),
-            nn.Sigmoid(),
-            nn.Conv2d(12, 12, 5, 2, 2),
-            nn.Sigmoid(),
-            nn.Conv2d(12, 12, 5, 1, 2),
-            nn.Sigmoid(),
-            nn.Conv2d(12, 12, 5, 1, 2),
-            nn.Sigmoid(),
-            nn.Flatten(),
-            nn.Linear(12 * 7 * 7, 10),
-        )
-        for p in m.parameters():
-            nn.init.uniform_(p, -0.5, 0.5)
-        return m
-    w = 8
-    return nn.Sequential(
-        nn.Conv2d(1, w, 3, 1, 1),
-        nn.BatchNorm2d(w),
-        nn.ReLU(),
-        nn.Conv2d(w, 2 * w, 3, 1, 1),
-        nn.BatchNorm2d(2 * w),
-        nn.ReLU(),
-        nn.MaxPool2d(3),
-        nn.Conv2d(2 * w, 4 * w, 3, 1, 1),
-        nn.BatchNorm2d(4 * w),
-        nn.ReLU(),
-        nn.MaxPool2d(3),
-        nn.Flatten(),
-        nn.Linear(4 * w * 9, 10),
-    )
+#: label -> (registry name, params, width, budget). The budget: iterations of ig / dlg (quick, full),
+#: L-BFGS inner evaluations per dlg iteration, and timed repeats (best of) (quick, full).
+MODELS: dict[str, tuple[str, dict, int, dict]] = {
+    "lenet-12": ("lenet", {}, 12, {"ig": (10, 60), "dlg": (1, 3), "lbfgs_max_iter": 20, "repeats": (3, 3)}),
+    "convnet-8": (
+        "convnet",
+        {"width": 8},
+        8,
+        {"ig": (10, 60), "dlg": (1, 3), "lbfgs_max_iter": 20, "repeats": (3, 3)},
+    ),
+    "convnet-64": (
+        "convnet",
+        {"width": 64},
+        64,
+        {"ig": (2, 10), "dlg": (1, 1), "lbfgs_max_iter": 3, "repeats": (2, 2)},
+    ),
+}
 
 
-def build(name: str) -> tuple[nn.Module, str]:
+def build(label: str) -> tuple[nn.Module, str]:
+    from fedbench.models import build_model
+
+    name, params, _, _ = MODELS[label]
     torch.manual_seed(0)
-    try:
-        from fedbench.models import build_model
-
-        params = {"width": 8} if name == "convnet" else {}
-        return build_model(name, params, META.input_shape, 10), f"fedbench.models {name}{params or ''}"
-    except Exception as exc:  # the model registry may not be there yet
-        torch.manual_seed(0)
-        return local_model(name), f"local {name} ({type(exc).__name__})"
+    return build_model(name, params, META.input_shape, 10), f"fedbench.models {name}{params or ''}"
 
 
-def problem(name: str, cost: str, device: str) -> tuple[inv.GradientMatcher, torch.Tensor, str]:
-    model, source = build(name)
+def problem(label: str, cost: str, device: str) -> tuple[inv.GradientMatcher, torch.Tensor, str]:
+    model, source = build(label)
     model.eval()
     g = torch.Generator().manual_seed(0)
     x = torch.randn((1, 1, 28, 28), generator=g)
@@ -93,6 +87,7 @@ def time_run(
     iterations: int,
     device: str,
     repeats: int = 3,
+    lbfgs_max_iter: int = 20,
 ) -> dict:
     dev = torch.device(device)
     x0 = torch.randn((R, 1, 1, 28, 28), generator=torch.Generator().manual_seed(1)).to(dev)
@@ -110,7 +105,7 @@ def time_run(
             optimizer="lbfgs",
             iterations=iterations,
             lr=1.0,
-            lbfgs_max_iter=20,
+            lbfgs_max_iter=lbfgs_max_iter,
         )
     inv.reconstruct_batched(matcher, x0, **{**kw, "iterations": 1})  # warm-up
     dt = float("inf")
@@ -136,26 +131,34 @@ def main() -> None:
     ap.add_argument("--R", type=int, default=8, help="batched reconstructions")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="auto", help="auto (cuda when visible), cpu or cuda")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="models to run")
     ap.add_argument("--out", default=None, help="write JSON results here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = pick_device(args.device)
-    its = {"ig": 10 if args.quick else 60, "dlg": 1 if args.quick else 3}
+    pick = 0 if args.quick else 1
     rows = []
-    for model in ("lenet", "convnet"):
+    for label in args.models:
+        _, _, width, budget = MODELS[label]
         for attack in ("dlg", "ig"):
-            matcher, y, source = problem(model, "cosine" if attack == "ig" else "l2", device)
-            single = time_run(attack, matcher, y, 1, its[attack], device)
-            batched = time_run(attack, matcher, y, args.R, its[attack], device)
-            single2 = time_run(attack, matcher, y, 1, its[attack], device)  # bracket the batched timing
+            matcher, y, source = problem(label, "cosine" if attack == "ig" else "l2", device)
+            kw = dict(repeats=budget["repeats"][pick], lbfgs_max_iter=budget["lbfgs_max_iter"])
+            its = budget[attack][pick]
+            single = time_run(attack, matcher, y, 1, its, device, **kw)
+            batched = time_run(attack, matcher, y, args.R, its, device, **kw)
+            single2 = time_run(attack, matcher, y, 1, its, device, **kw)  # bracket the batched timing
             if single2["rec_evals_per_s"] > single["rec_evals_per_s"]:
                 single = single2
             rows.append(
                 {
-                    "model": model,
+                    "model": label,
+                    "width": width,
                     "model_source": source,
+                    "parameters": sum(p.numel() for p in matcher.model.parameters()),
                     "attack": attack,
                     "R": args.R,
+                    "iterations": its,
+                    "lbfgs_max_iter": budget["lbfgs_max_iter"] if attack == "dlg" else None,
                     "single_iterations_per_s": single["iterations_per_s"],
                     "single_rec_evals_per_s": single["rec_evals_per_s"],
                     "batched_rec_evals_per_s": batched["rec_evals_per_s"],
@@ -164,18 +167,22 @@ def main() -> None:
                     "batched_evaluations": batched["evaluations"],
                     "single_peak_mb": single["peak_mb"],
                     "batched_peak_mb": batched["peak_mb"],
+                    # below 1 MB the sampled peak is noise (a tiny model's single run)
+                    "peak_ratio": batched["peak_mb"] / single["peak_mb"] if single["peak_mb"] >= 1 else None,
                 }
             )
     print(
-        f"| model | attack | single iterations/s | single rec*evals/s | R={args.R} batched rec*evals/s "
-        "| ratio | peak MB single / batched |"
+        "| model (width) | params | attack | iterations | single rec*evals/s "
+        f"| R={args.R} batched rec*evals/s | batched / single | peak MB single / batched "
+        "| peak batched / single |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        mem = f"{r['peak_ratio']:.1f}x" if r["peak_ratio"] is not None else "n/a (single < 1 MB)"
         print(
-            f"| {r['model']} | {r['attack']} | {r['single_iterations_per_s']:.2f} | "
+            f"| {r['model']} | {r['parameters']} | {r['attack']} | {r['iterations']} | "
             f"{r['single_rec_evals_per_s']:.1f} | {r['batched_rec_evals_per_s']:.1f} | {r['ratio']:.2f}x | "
-            f"{r['single_peak_mb']:.0f} / {r['batched_peak_mb']:.0f} |"
+            f"{r['single_peak_mb']:.0f} / {r['batched_peak_mb']:.0f} | {mem} |"
         )
     checks = [
         check(
@@ -185,9 +192,10 @@ def main() -> None:
             r["ratio"] >= 3,
         )
         for r in rows
-        if r["model"] == "lenet"
+        if r["model"].startswith("lenet")
     ]
-    env = {**environment(device, args.quick, args.threads), "iterations": its}
+    budgets = {label: MODELS[label][3] for label in args.models}
+    env = {**environment(device, args.quick, args.threads), "budgets": budgets}
     write_json(args.out, {"rows": rows, "checks": checks, "env": env})
 
 
