@@ -408,3 +408,24 @@ def test_auto_schedule_by_image_size_and_unchanged_run_ids():
         ComponentSpec.resolve("attack", "ig", {"schedule": "plateau"}).key()["params"]["schedule"]
         == "plateau"
     )
+
+
+def test_restarts_are_batched_only_where_it_pays(digits, monkeypatch):
+    matcher, y = _problem(digits)
+    x0 = torch.randn((3, 1, 1, 8, 8), generator=torch.Generator().manual_seed(3))
+    state = torch.random.get_rng_state()
+    assert inv.restarts_pay_as_one_batch(matcher, x0[0])  # a tiny LeNet: a few kFLOP per candidate
+    assert torch.equal(torch.random.get_rng_state(), state)  # counting FLOPs draws nothing
+    monkeypatch.setattr(inv, "BATCH_RESTARTS_MAX_FLOPS", 10.0)  # as if the model were ConvNet-64
+    assert not inv.restarts_pay_as_one_batch(matcher, x0[0])
+    kw = dict(labels=y, optimizer="adam-signed", iterations=20, lr=0.1, box=inv.box_bounds(META, 1, CPU))
+    one_at_a_time = inv.reconstruct_restarts(matcher, x0, batched=False, **kw)
+    for r in range(3):
+        single = inv.reconstruct_batched(matcher, x0[r : r + 1], **kw)
+        assert torch.equal(single.x[0], one_at_a_time.x[r]) and torch.equal(
+            single.objective[0], one_at_a_time.objective[r]
+        )
+    batched = inv.reconstruct_restarts(matcher, x0, batched=True, **kw)
+    assert torch.allclose(batched.x, one_at_a_time.x, atol=1e-4) and batched.best == one_at_a_time.best
+    out = run(InvertingGradients({"iterations": 5, "restarts": 2}), observe(digits, [4]))
+    assert out.extra["restarts_batched"] is False and len(out.extra["restart_objectives"]) == 2

@@ -360,6 +360,61 @@ def reconstruct_batched(
     return Reconstruction(x, logits, obj, its, evals, success, dead)
 
 
+#: On a CPU, restarts run as one vmap batch only up to this many forward FLOPs per candidate: batching
+#: pays where per-operation overhead dominates (LeNet, 1.2 MFLOP: 4.4x the reconstructions/s; ConvNet-8,
+#: 45 MFLOP: 1.7x) and not where one candidate's kernels already fill the cores (ConvNet-64, 2.9 GFLOP:
+#: 1.0x at 8-10x the memory; `benchmarks/bench_inversion.py`). On a GPU restarts are always batched.
+BATCH_RESTARTS_MAX_FLOPS = 1e8
+
+
+def restarts_pay_as_one_batch(matcher: GradientMatcher, x: torch.Tensor) -> bool:
+    """Whether R restarts should share one vmap batch, from the forward FLOPs of one candidate `x`."""
+    if x.device.type != "cpu":
+        return True
+    from torch.utils.flop_counter import FlopCounterMode
+
+    # the matcher's model: train-mode BN there keeps no running statistics, so this forward changes
+    # nothing; fork_rng keeps a dropout draw from moving the global random stream
+    with torch.random.fork_rng(), torch.no_grad(), FlopCounterMode(display=False) as counter:
+        matcher.model(x)
+    return counter.get_total_flops() <= BATCH_RESTARTS_MAX_FLOPS
+
+
+def reconstruct_restarts(
+    matcher: GradientMatcher,
+    x0: torch.Tensor,
+    *,
+    batched: bool,
+    label_logits0: torch.Tensor | None = None,
+    **kw: Any,
+) -> Reconstruction:
+    """`reconstruct_batched` over R restarts: as one batch, or one restart at a time (`batched=False`,
+    the same per-candidate algorithm; only the stop-on-success rule then stops each restart on its own)."""
+    if batched:
+        return reconstruct_batched(matcher, x0, label_logits0=label_logits0, **kw)
+    parts = [
+        reconstruct_batched(
+            matcher,
+            x0[r : r + 1],
+            label_logits0=None if label_logits0 is None else label_logits0[r : r + 1],
+            **kw,
+        )
+        for r in range(x0.shape[0])
+    ]
+    logits = None if parts[0].label_logits is None else torch.cat([p.label_logits for p in parts])
+    return Reconstruction(
+        torch.cat([p.x for p in parts]),
+        logits,
+        torch.cat([p.objective for p in parts]),
+        max(p.iterations for p in parts),
+        max(p.evaluations for p in parts),
+        [s for p in parts for s in p.iterations_to_success],
+        [d for p in parts for d in p.diverged],
+        stopped="converged" if all(p.stopped == "converged" for p in parts) else "budget",
+        lr_decays=[d for p in parts for d in p.lr_decays],
+    )
+
+
 def _adam_signed(
     matcher: GradientMatcher,
     x0: torch.Tensor,
@@ -730,9 +785,11 @@ def run_inversion(
     if guess.labels is None:
         logits0 = torch.randn((R, batch, meta.num_classes), generator=generator).to(device)
     box = box_bounds(meta, shape[0], device) if cfg.get("boxed", True) else None
-    rec = reconstruct_batched(
+    batched = R == 1 or restarts_pay_as_one_batch(matcher, x0[0])
+    rec = reconstruct_restarts(
         matcher,
         x0,
+        batched=batched,
         labels=guess.labels,
         label_logits0=logits0,
         optimizer=cfg["optimizer"],
@@ -763,6 +820,7 @@ def run_inversion(
         "final_objective": objectives[best],
         "restart_objectives": objectives,
         "restarts": R,
+        "restarts_batched": batched,
         "best_restart": best,
         "diverged_restarts": int(sum(rec.diverged)),
         "cost": cfg["cost"],
