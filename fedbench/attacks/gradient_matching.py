@@ -60,7 +60,10 @@ class DLG(InversionAttack):
         history: int = param(100, "L-BFGS history size (torch/DLG default 100)", min=1, max=10000)
         lr: float = param(1.0, "L-BFGS step size (paper 1)", min=0, min_open=True)
         restarts: int = param(
-            1, "independent restarts, optimised as one batch; best by objective", min=1, max=256
+            1,
+            "independent restarts, one vmap batch where it pays (else one at a time); best by objective",
+            min=1,
+            max=256,
         )
         init: Literal["randn", "uniform", "patterned"] = param("randn", "image init (paper: randn)")
         labels: Literal["optimise", "idlg", "batch", "known"] = param("optimise", _LABELS_HELP)

@@ -4,7 +4,7 @@ Cost: 1 - cosine similarity between the candidate's and the observed gradient ov
 (per-layer weights 'equal' by default, inversefed's 'linear'/'exp' optional) + tv_weight * the
 anisotropic mean total variation. Adam (lr 0.1) on the sign of the image gradient, MultiStepLR x0.1
 at 3/8, 5/8 and 7/8 of the iterations, clamp into the valid normalised box after every step
-(boxed), N(0, 1) init, restarts optimised as one batch (exact: Adam is elementwise), best restart
+(boxed), N(0, 1) init, restarts optimised as one batch where that pays (Adam is elementwise), best restart
 by final objective.
 
 Iterations: IG paper 24,000; inversefed default 4,800; LODA code 5,000; RecUP-FL 2,000. A number runs
@@ -64,7 +64,10 @@ class InvertingGradients(InversionAttack):
             min=0,
         )
         restarts: int = param(
-            1, "restarts optimised as one batch; best by final objective (LODA code 1)", min=1, max=256
+            1,
+            "restarts, one vmap batch where it pays (else one at a time); best by final objective (LODA 1)",
+            min=1,
+            max=256,
         )
         layer_weights: Literal["equal", "linear", "exp"] = param("equal", "per-layer weights (paper: equal)")
         lr_decay: bool = param(True, "MultiStepLR x0.1 at 3/8, 5/8, 7/8 of the iterations (paper: on)")
