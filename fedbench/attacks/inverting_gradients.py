@@ -54,7 +54,7 @@ class InvertingGradients(InversionAttack):
         iterations: int | None = iterations_param(
             None,
             "Adam iterations on the paper's schedule (paper 24000, LODA code 5000, RecUP 2000); none = auto:"
-            " decay on plateaus and stop when converged, capped by image size (2000 for digits)",
+            " decay on plateaus and stop when converged, capped by image size (4800 up to 32x32)",
             1000000,
         )
         lr: float = param(0.1, "Adam learning rate (paper 0.1)", min=0, min_open=True)
