@@ -1,12 +1,13 @@
-"""Packaging: every subpackage is declared, presets ship with the package, the CLI starts fast."""
+"""Packaging: every subpackage is declared, presets ship with the package, the CLI starts without torch."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,13 +34,15 @@ def test_listing_does_not_import_torch():
     assert out.stdout.strip() == "False", "a plugin module imports torch at import time (slow CLI)"
 
 
-def _timed(args: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fedbench", *args], capture_output=True, check=True)
-    return time.perf_counter() - start
-
-
-def test_help_and_list_answer_quickly():
-    # Generous bound for a loaded CI machine; the benchmark suite reports the actual figure.
-    assert min(_timed(["--help"]) for _ in range(2)) < 1.5
-    assert min(_timed(["list"]) for _ in range(2)) < 1.5
+@pytest.mark.parametrize("args", [["--help"], ["list"]])
+def test_help_and_list_do_not_import_torch(args):
+    """What keeps them fast (0.16 s and 0.37 s against 1.3 s for `import torch`; `benchmarks/bench_cli.py`
+    times them): the commands themselves, run as the console script runs them, never import torch."""
+    code = (
+        "import atexit, runpy, sys; "
+        "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+        f"sys.argv = ['fedbench', *{args!r}]; runpy.run_module('fedbench', run_name='__main__')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "torch imported: False"
