@@ -193,3 +193,27 @@ def test_a_cache_folder_another_process_is_creating_is_waited_for(tmp_path):
     (foreign / CACHE_MARKER).write_text("Signature: 8a477f597d28d172789f06886806bc55\n# another tool\n")
     with pytest.raises(FedbenchError, match="not a fedbench cache"):
         open_cache_dir(foreign)
+
+
+def test_a_waiting_cache_loads_the_artifact_the_lock_holder_wrote(tmp_path):
+    """Artifacts (a LODA extractor, a RecUP zoo) are computed once too: the second store waits, then loads."""
+    first, second = RunCache(tmp_path / "c"), RunCache(tmp_path / "c")
+    started, results = threading.Event(), {}
+
+    def slow():
+        started.set()
+        time.sleep(0.3)
+        return [1, 2, 3]
+
+    def never():
+        raise AssertionError("computed twice")
+
+    holder = threading.Thread(target=lambda: results.update(first=first.artifacts.get("zoo", "{}", slow)))
+    holder.start()
+    assert started.wait(10)
+    assert (tmp_path / "c" / LOCKS_DIR).is_dir() and list((tmp_path / "c" / LOCKS_DIR).iterdir())
+    results["second"] = second.artifacts.get("zoo", "{}", never)  # blocks until `slow` has stored it
+    holder.join(10)
+    assert results == {"first": [1, 2, 3], "second": [1, 2, 3]}
+    assert not list((tmp_path / "c" / LOCKS_DIR).iterdir())  # the holder removed its lock file
+    assert second.artifacts.get("zoo", "{}", never) == [1, 2, 3]  # a hit takes no lock

@@ -24,8 +24,9 @@ code, hence the private directory.
 Concurrency: processes sharing the cache directory (two `fedbench run`, a grid's workers) compute a
 shared run once. A run that is not in the cache is computed under an exclusive per-run lock
 (`fedbench.execution.locks`: a `flock` on `locks/<utility|attack>-<run id>.lock`), and the cache is read
-again once the lock is held, so a process that waited loads the entry the other one wrote. `--force`
-takes the lock too (two writers never race on one entry); without a cache nothing is locked.
+again once the lock is held, so a process that waited loads the entry the other one wrote; an artifact
+that is not in the cache likewise (`locks/artifact-<hash>.lock`). `--force` takes the run lock too (two
+writers never race on one entry); without a cache nothing is locked.
 
 Code: a run entry stores the digests of its plugins' code (`fedbench.execution.sources`) and an artifact entry
 the digest of the module that computed it; an entry computed by code that has changed since (a plugin
@@ -83,9 +84,10 @@ class ArtifactStore:
     `compute` is stored with the value), is recomputed with one line in the cache's warnings.
     """
 
-    def __init__(self, memory: Any, warnings: list[str]):
+    def __init__(self, memory: Any, warnings: list[str], location: Path):
         self._func = memory.cache(_artifact_entry, ignore=["compute"])
         self._warnings = warnings  # the RunCache's own list: a run's record takes them with the rest
+        self._location = location
 
     def get(self, kind: str, key: str, compute: Callable[[], Any]) -> Any:
         """The artifact `kind` with canonical JSON `key`; `compute()` runs only on a miss."""
@@ -100,7 +102,11 @@ class ArtifactStore:
                 raise StaleEntry(f"the code of {where} changed since it was computed")
 
         args = (kind, key, stamped)
-        value = _load_or_compute(self._func, args, f"{kind} artifact", key, self._warnings, check)[0]
+        if self._func.check_call_in_cache(*args):
+            value = _load_or_compute(self._func, args, f"{kind} artifact", key, self._warnings, check)[0]
+        else:  # a miss: as for runs, wait for a process computing the same artifact, then look again
+            with exclusive(lock_path(self._location, "artifact", _run_id(f"{kind}\n{key}"))):
+                value = _load_or_compute(self._func, args, f"{kind} artifact", key, self._warnings, check)[0]
         return value["value"] if _is_stamped(value) else value  # an entry from before stamps: as stored
 
 
@@ -230,7 +236,7 @@ class RunCache:
                 "utility": self._memory.cache(_utility_entry, ignore=["job", "compute"]),
                 "attack": self._memory.cache(_attack_entry, ignore=["job", "compute"]),
             }
-            self.artifacts = ArtifactStore(self._memory, self._warnings)
+            self.artifacts = ArtifactStore(self._memory, self._warnings, self.location)
 
     @property
     def enabled(self) -> bool:

@@ -1,4 +1,4 @@
-"""Per-run locks: two fedbench processes sharing a cache directory compute a shared run once.
+"""Per-run locks: two fedbench processes sharing a cache directory compute a shared run (or artifact) once.
 
 `RunCache` takes an exclusive `flock` on `<cache>/locks/<what>-<run id>.lock` before it computes a run
 that is not in the cache, and checks the cache again once it holds the lock: a process that waited
@@ -11,10 +11,15 @@ nor without a cache (`--no-cache`).
 - The file is removed by its holder before it lets go (while still holding the lock); a waiter that
   then gets the lock on the removed file sees the path missing or naming another file, and locks the
   path again. The folder holds files only of runs being computed, and of holders that died.
-- No deadlock: a process holds at most one run lock, and waits for nothing else while it holds it (the
-  utility run's lock is released before the attack run's is taken; `--gpus` slot locks are claimed
-  before any run and never waited for under a run lock). Waiting can be interrupted: Ctrl-C and the
-  run's timeout alarm raise through `flock`.
+- Derived artifacts (`fedbench.plugin.artifact`: a LODA extractor, an obscured dataset, a RecUP zoo)
+  are locked the same way (`<cache>/locks/artifact-<hash of kind and key>.lock`), so two grids that need
+  one artifact compute it once.
+- No deadlock: a process holds at most one run lock (the utility run's lock is released before the
+  attack run's is taken; `--gpus` slot locks are claimed before any run and never waited for under a
+  run lock). Under it, it may wait for artifact locks, and an artifact's computation for the locks of
+  the artifacts it uses; those dependencies have no cycle, and no artifact holder waits for a run
+  lock, so no wait can close a cycle. Waiting can be interrupted: Ctrl-C and the run's timeout alarm
+  raise through `flock`.
 - Where `fcntl` does not exist (Windows) nothing is locked: concurrent processes compute a shared run
   twice, as before locks existed, and write equal entries.
 """
