@@ -211,10 +211,15 @@ class GradientMatcher:
             return F.cross_entropy(out, y)  # mean over the batch; y int [B] or probabilities [B, K]
 
         self._vgrad = torch.func.vmap(torch.func.grad(loss_fn), in_dims=(None, 0, 0), randomness="different")
-        # one candidate: a private copy of the model whose matched parameters are autograd leaves
-        self._single = copy.deepcopy(self.model)
-        single = dict(self._single.named_parameters())
-        self._single_leaves = [single[k].requires_grad_(True) for k in self.names]
+        self._single: tuple[nn.Module, list[torch.Tensor]] | None = None  # made on the first single call
+
+    def _single_model(self) -> tuple[nn.Module, list[torch.Tensor]]:
+        """A private copy of the model whose matched parameters are autograd leaves (one candidate)."""
+        if self._single is None:
+            model = copy.deepcopy(self.model)
+            named = dict(model.named_parameters())
+            self._single = (model, [named[k].requires_grad_(True) for k in self.names])
+        return self._single
 
     def gradients(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
         """Per-candidate parameter gradients: x [R, B, ...], y [R, B] or [R, B, K] -> list of [R, ...].
@@ -224,11 +229,12 @@ class GradientMatcher:
         and functional_call's per-operation dispatch (~25 % of an evaluation on LeNet-size models);
         several go through vmap(grad)."""
         if x.shape[0] == 1:
+            model, leaves = self._single_model()
             with torch.enable_grad():
-                loss = F.cross_entropy(self._single(x[0]), y[0])
+                loss = F.cross_entropy(model(x[0]), y[0])
                 g = torch.autograd.grad(
                     loss,
-                    self._single_leaves,
+                    leaves,
                     create_graph=x.requires_grad or y.requires_grad,
                     materialize_grads=True,
                 )
@@ -469,9 +475,7 @@ def _adam_signed(
         opt.step()
         if sched is not None:
             sched.step()
-        if box is not None:
-            with torch.no_grad():
-                x.data = torch.maximum(torch.minimum(x.data, box[1]), box[0])
+        _clamp_into(box, [x])
     else:
         it = iterations
     final = _final_objective(matcher, x.detach(), y, bad_at, it, name)
@@ -484,12 +488,19 @@ FINITE_CHECK_EVERY = 25
 
 
 def _adam_signed_plateau(
-    matcher: GradientMatcher, x0: torch.Tensor, labels: torch.Tensor, plateau: Plateau, **kw: Any
+    matcher: GradientMatcher,
+    x0: torch.Tensor,
+    labels: torch.Tensor,
+    plateau: Plateau,
+    *,
+    iterations: int,
+    lr: float,
+    box: tuple[torch.Tensor, torch.Tensor] | None,
+    lr_decay: bool,
+    name: str,
 ) -> Reconstruction:
     """Signed Adam under a `Plateau` schedule: one parameter group per candidate, so each candidate has
-    its own step size and stops on its own (a stopped candidate's step size is 0: its iterate stays).
-    `kw`: iterations, lr, box, lr_decay and name, as for `_adam_signed`."""
-    iterations, lr, box, name = kw["iterations"], kw["lr"], kw["box"], kw["name"]
+    its own step size and stops on its own (a stopped candidate's step size is 0: its iterate stays)."""
     R = x0.shape[0]
     xs = [x0[r].detach().clone().requires_grad_(True) for r in range(R)]
     opt = torch.optim.Adam([{"params": [x], "lr": lr} for x in xs], lr=lr)
@@ -498,7 +509,7 @@ def _adam_signed_plateau(
     best = torch.full((R,), math.inf, device=device)
     improved_at = torch.zeros(R, dtype=torch.long, device=device)
     bad_at = torch.full((), -1, dtype=torch.long, device=device)
-    decays_left = [plateau.decays if kw["lr_decay"] else 0] * R
+    decays_left = [plateau.decays if lr_decay else 0] * R
     decayed_at: list[list[int]] = [[] for _ in range(R)]
     running = [True] * R
     it = 0
@@ -530,10 +541,7 @@ def _adam_signed_plateau(
         for x_r, g in zip(xs, grads, strict=True):
             x_r.grad = g.sign()
         opt.step()
-        if box is not None:
-            with torch.no_grad():
-                for x_r in xs:
-                    x_r.data = torch.maximum(torch.minimum(x_r.data, box[1]), box[0])
+        _clamp_into(box, xs)
     else:
         it = iterations
     x = torch.stack([x_r.detach() for x_r in xs])
@@ -542,6 +550,14 @@ def _adam_signed_plateau(
     return Reconstruction(
         x, None, final, it, it + 1, [None] * R, [False] * R, stopped=stopped, lr_decays=decayed_at
     )
+
+
+def _clamp_into(box: tuple[torch.Tensor, torch.Tensor] | None, xs: list[torch.Tensor]) -> None:
+    """Signed Adam's projection: each iterate into the valid box, in place (no box: unconstrained)."""
+    if box is not None:
+        with torch.no_grad():
+            for x in xs:
+                x.data = torch.maximum(torch.minimum(x.data, box[1]), box[0])
 
 
 def _final_objective(

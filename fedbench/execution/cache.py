@@ -84,10 +84,12 @@ class ArtifactStore:
     `compute` is stored with the value), is recomputed with one line in the cache's warnings.
     """
 
-    def __init__(self, memory: Any, warnings: list[str], location: Path):
+    def __init__(
+        self, memory: Any, warnings: list[str], locked: Callable[[str, str], AbstractContextManager[None]]
+    ):
         self._func = memory.cache(_artifact_entry, ignore=["compute"])
         self._warnings = warnings  # the RunCache's own list: a run's record takes them with the rest
-        self._location = location
+        self._locked = locked  # the RunCache's lock of one entry (what, key)
 
     def get(self, kind: str, key: str, compute: Callable[[], Any]) -> Any:
         """The artifact `kind` with canonical JSON `key`; `compute()` runs only on a miss."""
@@ -102,11 +104,8 @@ class ArtifactStore:
                 raise StaleEntry(f"the code of {where} changed since it was computed")
 
         args = (kind, key, stamped)
-        if self._func.check_call_in_cache(*args):
-            value = _load_or_compute(self._func, args, f"{kind} artifact", key, self._warnings, check)[0]
-        else:  # a miss: as for runs, wait for a process computing the same artifact, then look again
-            with exclusive(lock_path(self._location, "artifact", _run_id(f"{kind}\n{key}"))):
-                value = _load_or_compute(self._func, args, f"{kind} artifact", key, self._warnings, check)[0]
+        lock, what = self._locked("artifact", f"{kind}\n{key}"), f"{kind} artifact"
+        value = _load_or_compute_once(self._func, args, lock, what, key, self._warnings, check)[0]
         return value["value"] if _is_stamped(value) else value  # an entry from before stamps: as stored
 
 
@@ -129,6 +128,24 @@ def _compute_digest(compute: Callable[[], Any]) -> str | None:
 
 class StaleEntry(Exception):
     """A cache entry computed by plugin code that has since changed (its stored digest differs)."""
+
+
+def _load_or_compute_once(
+    func: Any,
+    args: tuple,
+    lock: AbstractContextManager[None],
+    what: str,
+    key: str,
+    warnings: list[str],
+    validate: Callable[[Any], None] | None = None,
+) -> tuple[Any, bool]:
+    """`_load_or_compute` across processes: on a miss another process sharing this cache may be computing
+    the same entry, so `lock` (its per-entry lock) is taken first and the cache checked again once held,
+    loading the entry that process wrote. A hit takes no lock."""
+    if func.check_call_in_cache(*args):
+        return _load_or_compute(func, args, what, key, warnings, validate)
+    with lock:
+        return _load_or_compute(func, args, what, key, warnings, validate)
 
 
 def _load_or_compute(
@@ -236,7 +253,7 @@ class RunCache:
                 "utility": self._memory.cache(_utility_entry, ignore=["job", "compute"]),
                 "attack": self._memory.cache(_attack_entry, ignore=["job", "compute"]),
             }
-            self.artifacts = ArtifactStore(self._memory, self._warnings, self.location)
+            self.artifacts = ArtifactStore(self._memory, self._warnings, self._locked)
 
     @property
     def enabled(self) -> bool:
@@ -253,15 +270,10 @@ class RunCache:
             with self._locked(what, key):
                 return func.call(*args)[0], False
         validate = _run_validator(job, attack=what == "attack")
-        if func.check_call_in_cache(*args):
-            return _load_or_compute(func, args, what, key, self._warnings, validate)
-        # A miss: another process sharing this cache may be computing the same run. Wait for its lock,
-        # then `_load_or_compute` checks the cache again and loads the entry that process wrote.
-        with self._locked(what, key):
-            return _load_or_compute(func, args, what, key, self._warnings, validate)
+        return _load_or_compute_once(func, args, self._locked(what, key), what, key, self._warnings, validate)
 
     def _locked(self, what: str, key: str) -> AbstractContextManager[None]:
-        """The exclusive lock of one run of this cache (`fedbench.execution.locks`)."""
+        """The exclusive lock of one entry (run or artifact) of this cache (`fedbench.execution.locks`)."""
         assert self.location is not None
         return exclusive(lock_path(self.location, what, _run_id(key)))
 
