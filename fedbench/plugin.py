@@ -335,8 +335,15 @@ class Defense(Plugin):
         """At the server: return the aggregate, or None for the plain weighted mean."""
         return None
 
-    def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
-        """The formal guarantee of this configuration, or None for heuristic defenses."""
+    def accounting(
+        self, scenario: Scenario, train_size: int, tensors: int | None = None
+    ) -> Accounting | None:
+        """The formal guarantee of this configuration, or None for heuristic defenses.
+
+        `tensors` is M, the number of parameter tensors the model trains (the keys of every gradient
+        and update), which the runner passes: a mechanism that clips each tensor to C has whole-update
+        sensitivity C*sqrt(M). A defense may leave the argument out of its signature if it needs none.
+        """
         return None
 
     def bind_data(self, data: RunData) -> None:

@@ -38,16 +38,18 @@ def test_a_changed_accountant_reaches_a_cached_run(tmp_path, monkeypatch):
     original = defense_cls.accounting
     seen = {}
 
-    def doubled(self, scenario, train_size):
-        seen["train_size"] = train_size
-        acc = original(self, scenario, train_size)
+    def doubled(self, scenario, train_size, tensors=None):
+        seen["train_size"], seen["tensors"] = train_size, tensors
+        acc = original(self, scenario, train_size, tensors)
         return type(acc)(**{**acc.__dict__, "epsilon": 2 * acc.epsilon})
 
     monkeypatch.setattr(defense_cls, "accounting", doubled)
     again = execute(_spec(), cache, RunContext())
+    assert again["status"] == "ok", again["reason"]
     assert again["from_cache"], "the training must come from the cache"
     assert again["epsilon"] == pytest.approx(2 * first["epsilon"])
     assert seen["train_size"] == 40  # the training prefix the simulation used
+    assert seen["tensors"] == 4  # the MLP's trained tensors: 2 weights, 2 biases
 
 
 def test_a_defense_without_a_guarantee_has_no_epsilon(tmp_path):

@@ -204,15 +204,24 @@ def test_accounting_fields_follow_the_scenario():
             local_epochs=1,
         )
     )
-    cdp = create_defense("fed-cdp").accounting(sc, 5000)
-    # q = B*K_t/N = 5*10/5000; L = ceil(50/5) = 10 steps per round
+    cdp = create_defense("fed-cdp", sampling="poisson").accounting(sc, 5000)
+    # the paper's model: q = B*K_t/N = 5*10/5000; L = ceil(50/5) = 10 steps per round
     assert cdp.level == "example" and cdp.sample_rate == pytest.approx(0.01) and cdp.steps == 100
     assert cdp.noise_multiplier == 6.0 and cdp.delta == 1e-5
-    assert cdp.accountant == "opacus-rdp; Poisson sampling at q per local step (paper's Prop. 1)"
-    decay = create_defense("fed-cdp-decay").accounting(sc, 5000)
+    assert cdp.accountant.startswith("opacus-rdp; Poisson sampling at q per local step (paper's Prop. 1")
+    decay = create_defense("fed-cdp-decay", sampling="poisson").accounting(sc, 5000)
     assert decay.epsilon == cdp.epsilon  # sigma fixed: the decay does not change epsilon
-    sdp = create_defense("fed-sdp").accounting(sc, 5000)
+    sdp = create_defense("fed-sdp", sampling="poisson").accounting(sc, 5000)
     assert sdp.level == "client" and sdp.sample_rate == pytest.approx(0.1) and sdp.steps == 10
+    # the default, the mechanism as simulated: 4 tensors clipped to C each -> noise multiplier sigma / 2;
+    # an example of a 50-example client is in one of its 10 batches per round (one local epoch)
+    cdp = create_defense("fed-cdp").accounting(sc, 5000, tensors=4)
+    assert cdp.level == "example" and cdp.sample_rate == pytest.approx(0.1) and cdp.steps == 10
+    assert cdp.noise_multiplier == 3.0 and "sensitivity C*sqrt(M)" in cdp.accountant
+    assert create_defense("fed-cdp-decay").accounting(sc, 5000, tensors=4).epsilon == cdp.epsilon
+    sdp = create_defense("fed-sdp").accounting(sc, 5000, tensors=4)
+    assert sdp.level == "client" and sdp.sample_rate == pytest.approx(0.1) and sdp.steps == 10
+    assert sdp.noise_multiplier == 3.0 and sdp.epsilon == pytest.approx(cdp.epsilon)  # one use per round
 
 
 def test_paper_accountant_reproduces_table_vi_from_a_scenario():
@@ -220,9 +229,10 @@ def test_paper_accountant_reproduces_table_vi_from_a_scenario():
     sc = Scenario.from_dict(
         dict(protocol="fedavg", clients=1000, participation=0.1, rounds=100, batch_size=5, local_epochs=1)
     )
-    cdp = create_defense("fed-cdp", accountant="paper", sample_rate=0.01).accounting(sc, 500_000)
+    cdp = create_defense("fed-cdp", sampling="poisson", accountant="paper", sample_rate=0.01)
+    cdp = cdp.accounting(sc, 500_000)
     assert cdp.steps == 10000 and cdp.epsilon == pytest.approx(0.8227, abs=5e-4)
-    sdp = create_defense("fed-sdp", accountant="paper").accounting(sc, 500_000)
+    sdp = create_defense("fed-sdp", sampling="poisson", accountant="paper").accounting(sc, 500_000)
     assert sdp.steps == 101 and sdp.epsilon == pytest.approx(0.8536, abs=5e-4)
 
 
@@ -245,7 +255,9 @@ def test_result_rows_carry_epsilon(tmp_path):
     )
     row = execute(spec, RunCache(tmp_path / "c"), RunContext())
     assert row["status"] == "ok", row["reason"]
-    assert row["dp_level"] == "example" and row["accountant"].startswith("opacus-rdp; Poisson")
+    assert row["dp_level"] == "example" and "client participation" in row["accountant"]
+    # the MLP 784->8->10 trains 4 tensors (2 weights, 2 biases), clipped to C each
+    assert "M=4 tensors" in row["accountant"] and "noise multiplier 0.5" in row["accountant"]
     assert row["delta"] == 1e-5
     assert row["epsilon"] > 0 and math.isfinite(row["epsilon"])
 
@@ -261,6 +273,12 @@ def test_result_rows_carry_epsilon(tmp_path):
         ("fed-sdp", {"clip": -4.0}),
         ("fed-sdp", {"delta": 0.0}),
         ("fed-cdp-decay", {"clip_end": 0.0}),
+        # options of the paper's Poisson model, meaningless for the exact default: an error, not ignored
+        ("fed-cdp", {"accountant": "paper"}),
+        ("fed-cdp", {"sample_rate": 0.01}),
+        ("fed-sdp", {"accountant": "prv"}),
+        ("dp-fedavg", {"accountant": "prv"}),
+        ("dp-sgd", {"accountant": "prv"}),
     ],
 )
 def test_bad_defense_parameters_are_usage_errors(name, params):
@@ -283,11 +301,11 @@ def test_participation_accounting_counts_the_steps_an_example_is_in():
     assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=25)), 2000) == 3
     assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=7, partition="dirichlet")), 2000) == 7
     assert _uses_per_round(Scenario.from_dict(base | dict(protocol="fedsgd")), 200) == 1
-    acc = create_defense("fed-cdp", sampling="participation").accounting(sc, 200)
+    acc = create_defense("fed-cdp", sampling="participation").accounting(sc, 200, tensors=1)
     assert acc.level == "example" and "client participation" in acc.accountant
     assert acc.sample_rate == pytest.approx(0.2) and acc.steps == 50
     assert acc.epsilon == pytest.approx(participation_epsilon(6.0, 0.2, 10, 5, 1e-5).epsilon)
-    poisson = create_defense("fed-cdp").accounting(sc, 200)  # 50 independent steps at q = 0.2
+    poisson = create_defense("fed-cdp", sampling="poisson").accounting(sc, 200)  # 50 steps at q = 0.2
     assert poisson.epsilon < acc.epsilon
 
 

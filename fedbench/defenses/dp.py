@@ -93,7 +93,7 @@ class _ClipAndNoise(Defense):
             for k, v in clipped.items()
         }
 
-    def accounting(self, scenario: Scenario, train_size: int) -> Accounting:
+    def accounting(self, scenario: Scenario, train_size: int, tensors: int | None = None) -> Accounting:
         """Client-level local DP over the rounds (module docstring); scale 0 is an infinite epsilon,
         said in the row's warnings (an AccountingWarning)."""
         from fedbench.metrics.accounting import AccountingWarning, local_epsilon

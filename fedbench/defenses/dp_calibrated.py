@@ -17,10 +17,13 @@ the smallest one the Opacus accountant certifies for the target over the whole r
   q = B * K_t / N, which understates epsilon (in the `frl` preset's setting, epsilon 4 needs sigma
   11.6 where version 1 used 5.3); `sampling=poisson` keeps that accounting for comparison.
 - `dp-fedavg`: each client's round update is clipped as a whole to S, the server averages uniformly
-  and adds one N(0, sigma^2 S^2) to the sum (Geyer / McMahan et al. 2018): client level, the
-  sampled Gaussian mechanism with q = K_t / K over T rounds, client sampling taken as Poisson (the
-  simulation draws exactly K_t of K clients per round, the usual DP-FedAvg approximation). The
-  clip S is fixed (spec default) where Geyer takes the median of the round's norms.
+  and adds one N(0, sigma^2 S^2) to the sum (Geyer / McMahan et al. 2018): client level, calibrated
+  and accounted for the mechanism the simulation runs (version 3, `sampling=participation`): exactly
+  K_t of K clients drawn per round, the draw visible, a client in j ~ Binomial(T, K_t/K) rounds,
+  no amplification by subsampling (`accounting.participation_epsilon` with one release per round).
+  Version 2 took client sampling as Poisson at q = K_t / K (McMahan et al.'s amplified SGM), which
+  the simulation does not run; `sampling=poisson` keeps it for comparison. The clip S is fixed
+  (spec default) where Geyer takes the median of the round's norms.
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ from typing import Any, Literal
 
 from fedbench.defenses.fed_dp import (
     FedSDP,
+    WholeSensitivity,
     _account,
     _account_participation,
     _participation_rate,
     _PerExampleDP,
     _PerExampleDPParams,
+    _poisson_only,
     _uses_per_round,
 )
 from fedbench.plugin import Paper, RunData, Scenario
@@ -44,6 +49,11 @@ from fedbench.spec.params import param
 
 _ACCOUNTANT_HELP = "accountant the noise is calibrated with: rdp (Opacus) or prv (Opacus PRV)"
 _SGD_ACCOUNTANT_HELP = "sampling=poisson only: " + _ACCOUNTANT_HELP
+_FEDAVG_SAMPLING_HELP = (
+    "accounting model: participation (the simulated mechanism: K_t of K clients drawn per round, the "
+    "draw visible, no amplification) or poisson (Poisson client sampling at K_t/K, McMahan et al. 2018; "
+    "version 2; not what the simulation runs)"
+)
 _SGD_SAMPLING_HELP = (
     "accounting model: participation (the simulated mechanism: client participation K_t/K per round, "
     "E steps per round, no amplification) or poisson (each local step a Poisson sample at B*K_t/N; version 1)"
@@ -71,6 +81,7 @@ class DPSGD(_PerExampleDP):
     """DP-SGD in local training: flat per-example clip to C, Gaussian noise, sigma calibrated to epsilon."""
 
     version = "2"  # 2: accounted and calibrated at the simulated mechanism's level (sampling=participation)
+    per_layer = False  # one flat clip of the whole per-example gradient: sensitivity C
     paper = Paper(
         "abadi2016dpsgd",
         "Deep Learning with Differential Privacy (Abadi et al., CCS 2016)",
@@ -119,11 +130,13 @@ class DPSGD(_PerExampleDP):
         q, steps, _ = self.sampling(scenario, n)
         return calibrated_sigma(p.epsilon, q, steps, p.delta, p.accountant)
 
-    def accounting(self, scenario: Scenario, train_size: int):
+    def accounting(self, scenario: Scenario, train_size: int, tensors: int | None = None):
         p = self.params
         sigma = self.sigma_for(scenario, train_size)
         if p.sampling == "participation":
-            return _account_participation(sigma, scenario, train_size, p.delta)
+            uses = _uses_per_round(scenario, train_size)
+            whole = WholeSensitivity.of(False, tensors, self.name)
+            return _account_participation(sigma, scenario, p.delta, level="example", uses=uses, whole=whole)
         q, steps, local = self.sampling(scenario, train_size)
         return _account(sigma, q, steps, p.delta, "example", p.accountant, local)
 
@@ -132,7 +145,11 @@ class DPSGD(_PerExampleDP):
 class DPFedAvg(FedSDP):
     """Client-level DP-FedAvg: flat clip of each update to S, server noise on the sum, sigma calibrated."""
 
-    version = "2"  # 2: RDP orders up to 10240 (the calibrated sigma of few rounds can be smaller)
+    # 2: RDP orders up to 10240 (the calibrated sigma of few rounds can be smaller); 3: calibrated and
+    # accounted for the mechanism as simulated (K_t of K clients drawn per round, no amplification),
+    # not Poisson client sampling, which the simulation does not run (sampling=poisson keeps that)
+    version = "3"
+    per_layer = False  # the whole update clipped to S: sensitivity S
     paper = Paper(
         "geyer2017",
         "Differentially Private Federated Learning: A Client Level Perspective (Geyer et al., 2017)",
@@ -155,7 +172,11 @@ class DPFedAvg(FedSDP):
         noise: Literal["per-client", "central"] = param(
             "central", "central: one N(0, sigma^2 S^2) on the sum (Geyer); per-client: on each update"
         )
-        accountant: Literal["rdp", "prv"] = param("rdp", _ACCOUNTANT_HELP)
+        accountant: Literal["rdp", "prv"] = param("rdp", _SGD_ACCOUNTANT_HELP)
+        sampling: Literal["participation", "poisson"] = param("participation", _FEDAVG_SAMPLING_HELP)
+
+        def validate(self) -> str | None:
+            return _poisson_only(self, ("accountant",))
 
     def clip_update(self, delta):
         from fedbench.defenses._tensors import clip_global
@@ -165,6 +186,8 @@ class DPFedAvg(FedSDP):
     def sigma_for(self, scenario: Scenario) -> float:
         p = self.params
         rate = _participation_rate(scenario)
+        if p.sampling == "participation":
+            return participation_sigma(p.epsilon, rate, scenario.rounds, 1, p.delta)
         return calibrated_sigma(p.epsilon, rate, scenario.rounds, p.delta, p.accountant)
 
 

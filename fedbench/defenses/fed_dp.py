@@ -23,28 +23,34 @@
 Noise of the `example` form is drawn as one Gaussian of std sigma*C/sqrt(B) for the batch mean,
 which has exactly the distribution of the mean of B independent per-example noises.
 
-Accounting (`fedbench.metrics.accounting`), stated in every row's `dp_level` and `accountant`:
-- Fed-CDP (`sampling=poisson`, its default) is example level with q = B*K_t/N (the paper's
-  Proposition 1; `sample_rate` overrides, the paper sets 0.01) and T*L steps, each step taken to
-  be an independent Poisson sample. That is the paper's assumption, not the simulated mechanism
-  (a selected client's examples are in every epoch of its round, in shuffled batches), so it is
-  not a bound for it; `sampling=participation` accounts for the mechanism as simulated
-  (`accounting.participation_epsilon`: client participation K_t/K per round, E steps per round,
-  no amplification) and is `dp-sgd`'s default.
-- Fed-SDP is client level with q = K_t/K and T rounds, client sampling taken as Poisson (the
-  simulation draws exactly K_t of K clients: the usual DP-FedAvg approximation, McMahan et al. 2018).
-`accountant=paper` uses the paper's conversion and step convention (Table VI). As in the paper the
-sensitivity is taken to be C although clipping is per layer (the whole-model bound is C*sqrt(M)):
-the epsilon is the paper-style one.
+Accounting (`fedbench.metrics.accounting`), stated in every row's `dp_level` and `accountant`. By
+default (`sampling=participation`) epsilon is that of the mechanism the simulation runs:
+- the simulation draws exactly K_t of K clients per round, afresh each round, and the server knows
+  whom it drew: a client (and each of its examples) is exposed in j ~ Binomial(T, K_t/K) rounds,
+  with no amplification by subsampling claimed (`accounting.participation_epsilon`, an exact
+  binomial mixture of Gaussian mechanisms; zero-out neighbours: one example, or one client's whole
+  data, replaced by null data with zero gradient);
+- the sensitivity is that of the clipping as run: per-layer clipping of each of the model's M
+  trained parameter tensors to C bounds the whole gradient or update by C*sqrt(M) (not C), so the
+  noise multiplier of the whole is sigma / sqrt(M); a flat clip (dp-sgd, dp-fedavg) has sensitivity C;
+- Fed-CDP: example level, an example in `_uses_per_round` noisy local steps of each round its client
+  takes part in (one batch per shuffled local epoch); Fed-SDP: client level, one release per round.
+`sampling=poisson` is the paper's model instead, which the simulation does not run: Fed-CDP every one
+of the T*L local steps an independent Poisson sample at q = B*K_t/N (Proposition 1; `sample_rate`
+overrides q, the paper sets 0.01), Fed-SDP Poisson client sampling at q = K_t/K, both with sensitivity
+C as in the paper. With `accountant=paper` it uses the paper's conversion and step convention and
+reproduces Table VI; `accountant` and `sample_rate` apply to `sampling=poisson` only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fedbench.errors import FedbenchError
 from fedbench.plugin import Accounting, Defense, HookContext, Paper, Scenario
 from fedbench.registry import register_defense
 from fedbench.spec.params import param
@@ -54,7 +60,9 @@ PAPER = Paper(
     "Gradient-Leakage Resilient Federated Learning (Fed-SDP, Fed-CDP)",
     "https://arxiv.org/abs/2107.01154",
 )
-_ACCOUNTANT_HELP = "privacy accountant: rdp (Opacus), prv (Opacus PRV), paper (Table VI convention)"
+_ACCOUNTANT_HELP = (
+    "sampling=poisson only: privacy accountant rdp (Opacus), prv (Opacus PRV), paper (Table VI convention)"
+)
 
 
 def _noise_multiplier(bound: str) -> Any:
@@ -65,6 +73,33 @@ def _noise_multiplier(bound: str) -> Any:
 def _reported_delta() -> Any:
     """The `delta` parameter of the mechanisms accounted at a fixed delta."""
     return param(1e-5, "delta of the reported (epsilon, delta)", min=0, max=1, min_open=True, max_open=True)
+
+
+_SAMPLING_HELP = (
+    "accounting model: participation (the simulated mechanism: K_t of K clients per round, an example in "
+    "E noisy steps per round, sensitivity C*sqrt(M) per layer) or poisson (the paper's Prop. 1: each "
+    "local step a Poisson sample at q, sensitivity C; with accountant=paper, Table VI)"
+)
+_CLIENT_SAMPLING_HELP = (
+    "accounting model: participation (the simulated mechanism: K_t of K clients drawn per round, "
+    "sensitivity C*sqrt(M) per layer) or poisson (the paper's Poisson client sampling at K_t/K, "
+    "sensitivity C; with accountant=paper, Table VI)"
+)
+
+
+def _poisson_only(params: Any, names: tuple[str, ...]) -> str | None:
+    """The error for a Poisson-model option (accountant, sample_rate) set with sampling=participation,
+    whose accountant is exact and has no such choice (a silently ignored option would mislead)."""
+    if params.sampling == "poisson":
+        return None
+    defaults = {f.name: f.default for f in dataclasses.fields(params)}
+    for name in names:
+        if getattr(params, name) != defaults[name]:
+            return (
+                f"{name}={getattr(params, name)} applies to the paper's model: add sampling=poisson "
+                f"(the default sampling=participation is accounted exactly, without {name})"
+            )
+    return None
 
 
 # ------------------------------------------------------------------------------------ tensor helpers
@@ -147,8 +182,8 @@ def _uses_per_round(scenario: Scenario, train_size: int) -> int:
 
 
 _SGM_SAMPLING = {
-    "example": "Poisson sampling at q per local step (paper's Prop. 1)",
-    "client": "Poisson client sampling at q = K_t/K per round",
+    "example": "Poisson sampling at q per local step (paper's Prop. 1; not the simulated mechanism)",
+    "client": "Poisson client sampling at q = K_t/K per round (paper's model; the simulation draws K_t of K)",
 }
 
 
@@ -164,14 +199,53 @@ def _account(
     return Accounting(res.epsilon, delta, level, label, sigma, q, steps)  # type: ignore[arg-type]
 
 
-def _account_participation(sigma: float, scenario: Scenario, train_size: int, delta: float) -> Accounting:
-    """Example-level epsilon of the mechanism as simulated (`accounting.participation_epsilon`)."""
+def _account_participation(
+    sigma: float,
+    scenario: Scenario,
+    delta: float,
+    *,
+    level: Literal["example", "client"],
+    uses: int,
+    whole: WholeSensitivity,
+) -> Accounting:
+    """epsilon of the mechanism as simulated (`accounting.participation_epsilon`): K_t of K clients drawn
+    per round (a client in a round with probability p = K_t/K, the draw visible), `uses` Gaussian
+    releases per round taken part in, noise multiplier sigma / `whole.factor` of the whole gradient or
+    update (per-layer clipping: sqrt(M))."""
     from fedbench.metrics.accounting import PARTICIPATION_LABEL, participation_epsilon
 
-    p, uses = _participation_rate(scenario), _uses_per_round(scenario, train_size)
-    res = participation_epsilon(sigma, p, scenario.rounds, uses, delta)
-    label = f"{PARTICIPATION_LABEL}; p={p:.4g} per round, {uses} steps per round, zero-out neighbours"
-    return Accounting(res.epsilon, delta, "example", label, sigma, p, scenario.rounds * uses)
+    p = _participation_rate(scenario)
+    z = sigma / whole.factor
+    res = participation_epsilon(z, p, scenario.rounds, uses, delta)
+    unit = "examples" if level == "example" else "clients"
+    label = (
+        f"{PARTICIPATION_LABEL}; {level} level: p={p:.4g} per round ({_participants(scenario)} of "
+        f"{scenario.clients} clients drawn per round), {uses} noisy step(s) per round, zero-out "
+        f"neighbours ({unit}); {whole.note}, noise multiplier {z:.4g}"
+    )
+    return Accounting(res.epsilon, delta, level, label, z, p, scenario.rounds * uses)
+
+
+@dataclass(frozen=True)
+class WholeSensitivity:
+    """How the clip bounds a whole gradient or update: `factor` x C (sqrt(M) per layer, 1 flat)."""
+
+    factor: float
+    note: str
+
+    @classmethod
+    def of(cls, per_layer: bool, tensors: int | None, who: str) -> WholeSensitivity:
+        """Per-layer clipping of M tensors to C: sensitivity C*sqrt(M); a flat clip: C. M is the number
+        of parameter tensors the model trains (the keys of every gradient and update); without it a
+        per-layer mechanism cannot be accounted, which is an error rather than a guess."""
+        if not per_layer:
+            return cls(1.0, "flat clip: sensitivity C")
+        if not tensors or tensors < 1:
+            raise FedbenchError(
+                f"{who}: per-layer clipping bounds a whole update by C*sqrt(M), so its epsilon needs M, the "
+                "number of parameter tensors the model trains (pass tensors=M to accounting)"
+            )
+        return cls(math.sqrt(tensors), f"per-layer clip of M={tensors} tensors: sensitivity C*sqrt(M)")
 
 
 def _participation_rate(scenario: Scenario) -> float:
@@ -200,6 +274,15 @@ class FedSDP(Defense):
         )
         delta: float = _reported_delta()
         accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
+        sampling: Literal["participation", "poisson"] = param("participation", _CLIENT_SAMPLING_HELP)
+
+        def validate(self) -> str | None:
+            return _poisson_only(self, ("accountant",))
+
+    # `sampling` (added with the participation accounting) changes only epsilon, computed outside the
+    # cache: at its default it stays out of the key, so the run ids of the runs before it hold.
+    key_optional = ("sampling",)
+    per_layer = True  # each parameter tensor clipped to C (Algorithm 1); dp-fedavg clips flat
 
     def check(self, scenario: Scenario) -> str | None:
         if self.params.noise == "central" and self.params.placement == "client":
@@ -242,18 +325,20 @@ class FedSDP(Defense):
             mean = {n: v + _gaussian_like(v, std, ctx.generator) for n, v in mean.items()}
         return mean
 
-    def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
+    def accounting(
+        self, scenario: Scenario, train_size: int, tensors: int | None = None
+    ) -> Accounting | None:
+        """Client level. `sampling=participation` (default): the simulated mechanism, one release per
+        round taken part in, sensitivity C*sqrt(M) per layer (C flat). `sampling=poisson`: the paper's
+        Poisson client sampling at q = K_t/K with sensitivity C (`accountant=paper`: Table VI)."""
         p = self.params
-        q = _participation_rate(scenario)
-        return _account(
-            self.sigma_for(scenario),
-            q,
-            scenario.rounds,
-            p.delta,
-            "client",
-            p.accountant,
-            _local_steps(scenario, train_size),
-        )
+        sigma = self.sigma_for(scenario)
+        if p.sampling == "participation":
+            whole = WholeSensitivity.of(self.per_layer, tensors, self.name)
+            return _account_participation(sigma, scenario, p.delta, level="client", uses=1, whole=whole)
+        local = _local_steps(scenario, train_size)
+        rate = _participation_rate(scenario)
+        return _account(sigma, rate, scenario.rounds, p.delta, "client", p.accountant, local)
 
 
 # ------------------------------------------------------------------------------------------- Fed-CDP
@@ -267,6 +352,7 @@ class _PerExampleDP(Defense):
     # change no cached result: `sampling` at its default keeps the run_ids of the runs before it.
     # `per_example` (added later) at its default keeps the run_ids of the runs before it too.
     key_optional = ("sampling", "per_example")
+    per_layer = True  # each parameter tensor of each example clipped to C (the paper); dp-sgd clips flat
 
     def clip_at(self, ctx: HookContext) -> float:
         raise NotImplementedError
@@ -340,12 +426,20 @@ class _PerExampleDP(Defense):
             q = min(1.0, batch * _participants(scenario) / max(1, train_size))
         return q, scenario.rounds * local, local
 
-    def accounting(self, scenario: Scenario, train_size: int) -> Accounting | None:
+    def accounting(
+        self, scenario: Scenario, train_size: int, tensors: int | None = None
+    ) -> Accounting | None:
+        """Example level. `sampling=participation` (default): the simulated mechanism (an example in
+        `_uses_per_round` noisy steps of each round its client takes part in), sensitivity C*sqrt(M)
+        per layer (C flat). `sampling=poisson`: the paper's Proposition 1 (`accountant=paper`: Table VI)."""
         p = self.params
+        sigma = self.sigma_for(scenario)
         if p.sampling == "participation":
-            return _account_participation(self.sigma_for(scenario), scenario, train_size, p.delta)
+            whole = WholeSensitivity.of(self.per_layer, tensors, self.name)
+            uses = _uses_per_round(scenario, train_size)
+            return _account_participation(sigma, scenario, p.delta, level="example", uses=uses, whole=whole)
         q, steps, local = self.sampling(scenario, train_size)
-        return _account(self.sigma_for(scenario), q, steps, p.delta, "example", p.accountant, local)
+        return _account(sigma, q, steps, p.delta, "example", p.accountant, local)
 
 
 _NOISE_HELP = "example: N(0, sigma^2 C^2) per example (Algorithm 2); batch: once per batch (Abadi)"
@@ -359,10 +453,6 @@ _PER_EXAMPLE_HELP = (
     "equal to float tolerance; falls back to materialise for layers other than Linear/Conv2d and "
     "for clipping rules without a rule from norms, `norm_factors`)"
 )
-_SAMPLING_HELP = (
-    "accounting model: poisson (each local step a Poisson sample at q, the paper's Prop. 1) or "
-    "participation (the simulated mechanism: client participation per round, E steps per round)"
-)
 
 
 @dataclass(frozen=True)
@@ -373,8 +463,11 @@ class _PerExampleDPParams:
     delta: float = _reported_delta()
     sample_rate: float = param(0.0, _Q_HELP, min=0, max=1)
     accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
-    sampling: Literal["poisson", "participation"] = param("poisson", _SAMPLING_HELP)
+    sampling: Literal["participation", "poisson"] = param("participation", _SAMPLING_HELP)
     per_example: Literal["materialise", "ghost"] = param("materialise", _PER_EXAMPLE_HELP)
+
+    def validate(self) -> str | None:
+        return _poisson_only(self, ("accountant", "sample_rate"))
 
 
 @register_defense("fed-cdp", "fedcdp")

@@ -226,9 +226,10 @@ def _accounting(job: Job, utility: dict[str, Any]) -> tuple[dict[str, Any], list
 
     from fedbench.metrics.accounting import AccountingWarning
 
+    extra = {"tensors": _trained_tensors(job)} if _accepts(defense.accounting, "tensors") else {}
     with pywarnings.catch_warnings(record=True) as caught:
         pywarnings.simplefilter("always", AccountingWarning)  # a loose epsilon is said in the row, once
-        accounting = defense.accounting(training_scenario(spec.scenario), int(n_train))
+        accounting = defense.accounting(training_scenario(spec.scenario), int(n_train), **extra)
     notes = []
     for w in caught:
         if issubclass(w.category, AccountingWarning):
@@ -238,6 +239,24 @@ def _accounting(job: Job, utility: dict[str, Any]) -> tuple[dict[str, Any], list
     if not accounting:
         return None
     return dataclasses.asdict(accounting), list(dict.fromkeys(notes))
+
+
+def _trained_tensors(job: Job) -> int:
+    """M, the number of parameter tensors the run's model trains (what per-layer clipping clips one by
+    one). The model is built under a forked RNG, so counting never moves torch's global generator."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        model = job.parts.model_factory(job.bundle().meta)()
+    return sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def _accepts(method: Callable[..., Any], name: str) -> bool:
+    """Whether `method` takes a keyword `name` (a plugin's `accounting` written before `tensors` does not)."""
+    import inspect
+
+    params = inspect.signature(method).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def compute_attack(job: Job) -> dict[str, Any]:
