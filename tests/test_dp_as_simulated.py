@@ -167,3 +167,38 @@ def test_per_layer_accounting_without_the_models_tensor_count_is_an_error():
         with pytest.raises(FedbenchError, match="C\\*sqrt\\(M\\)"):
             create_defense(name).accounting(sc, 100)
     assert create_defense("dp-fedavg").accounting(sc, 100).level == "client"  # flat: no M needed
+
+
+def test_fedsgd_batch_holds_an_example_with_probability_b_over_n_and_the_row_says_so(tmp_path):
+    """FedSGD takes the first B rows of a fresh shuffle of the client's n records each round: an example
+    is in it with probability B / n, independently across rounds (checked on the simulation's own
+    batching), so it is exposed in j ~ Binomial(T, p * B / n) rounds, not in every round its client
+    takes part in."""
+    from types import SimpleNamespace
+
+    from fedbench.fl.simulation import Simulation
+
+    sc = dict(
+        protocol="fedsgd", clients=10, participation=0.5, rounds=6, batch_size=4, train_size=160,
+        test_size=40,
+    )  # fmt: skip
+    scenario = Scenario.from_dict(sc)
+    fake = SimpleNamespace(seed=0, device="cpu", sc=scenario)
+    held = [0 in Simulation._batches(fake, 3, rnd, 16)[0].tolist() for rnd in range(4000)]
+    assert sum(held) / len(held) == pytest.approx(4 / 16, abs=0.025)
+    both = sum(a and b for a, b in zip(held, held[1:], strict=False)) / (len(held) - 1)
+    assert both == pytest.approx((4 / 16) ** 2, abs=0.02)  # consecutive rounds independent
+    row = _row(tmp_path, "fed-cdp", {"sigma": 3.0, "clip": 1.0}, sc)
+    assert "one more with probability 0.25" in row["accountant"]
+    assert _matches(row["epsilon"], 1e-5, 3.0, math.sqrt(6), 0.5 * 0.25, 6)
+
+
+def test_noise_too_small_for_any_bound_is_an_infinite_epsilon_said_not_a_failed_row():
+    """fed-sdp at sigma = 0.01 on the membership board's scenario: no finite epsilon (beyond 1e12 the
+    bisection stops): the result is inf with an AccountingWarning, which the runner puts in the row."""
+    from fedbench.metrics.accounting import AccountingWarning, participation_epsilon
+
+    with pytest.warns(AccountingWarning, match="no bound"):
+        res = participation_epsilon(1e-5, 0.2, 100, 5, 1e-5)
+    assert res.epsilon == math.inf
+    assert math.isfinite(participation_epsilon(0.01 / math.sqrt(6), 0.2, 100, 1, 1e-5).epsilon)

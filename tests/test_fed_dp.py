@@ -291,16 +291,23 @@ def test_bad_defense_parameters_are_usage_errors(name, params):
 def test_participation_accounting_counts_the_steps_an_example_is_in():
     """sampling=participation (dp-sgd's default; issue 16 defect 4): a client takes part with
     probability K_t/K per round, and its examples are in one batch per local epoch."""
-    from fedbench.defenses.fed_dp import _uses_per_round
+    from fedbench.defenses.fed_dp import Exposure, _exposure
     from fedbench.metrics.accounting import participation_epsilon
 
     base = dict(protocol="fedavg", clients=20, participation=0.2, rounds=10, batch_size=10)
     sc = Scenario.from_dict(base | dict(local_epochs=5))
-    assert _uses_per_round(sc, 200) == 5  # 10 examples per client, B=10: 5 steps, each uses them all
-    assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=7)), 2000) == 1  # 10 batches/epoch
-    assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=25)), 2000) == 3
-    assert _uses_per_round(Scenario.from_dict(base | dict(local_steps=7, partition="dirichlet")), 2000) == 7
-    assert _uses_per_round(Scenario.from_dict(base | dict(protocol="fedsgd")), 200) == 1
+    assert _exposure(sc, 200) == Exposure(5)  # 10 examples per client, B=10: 5 steps, each uses them all
+    # 100 examples per client, 10 batches per epoch: 7 of them hold an example with probability 0.7
+    assert _exposure(Scenario.from_dict(base | dict(local_steps=7)), 2000) == Exposure(0, 0.7)
+    assert _exposure(Scenario.from_dict(base | dict(local_steps=25)), 2000) == Exposure(2, 0.5)
+    assert _exposure(Scenario.from_dict(base | dict(local_steps=20)), 2000) == Exposure(2)
+    assert _exposure(Scenario.from_dict(base | dict(local_steps=7, partition="dirichlet")), 2000) == Exposure(
+        7
+    )
+    assert _exposure(Scenario.from_dict(base | dict(protocol="fedsgd")), 200) == Exposure(1)  # B = n
+    # FedSGD: the first batch of a fresh shuffle, B = 10 of 100 records
+    assert _exposure(Scenario.from_dict(base | dict(protocol="fedsgd")), 2000) == Exposure(0, 0.1)
+    assert _exposure(Scenario.from_dict(base | dict(protocol="fedsgd", batch_size=0)), 2000) == Exposure(1)
     acc = create_defense("fed-cdp", sampling="participation").accounting(sc, 200, tensors=1)
     assert acc.level == "example" and "client participation" in acc.accountant
     assert acc.sample_rate == pytest.approx(0.2) and acc.steps == 50

@@ -33,15 +33,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedbench.defenses.fed_dp import (
+    CLIENT_EXPOSURE,
+    Exposure,
     FedSDP,
     WholeSensitivity,
     _account,
     _account_participation,
+    _exposure,
     _participation_rate,
     _PerExampleDP,
     _PerExampleDPParams,
     _poisson_only,
-    _uses_per_round,
 )
 from fedbench.plugin import Paper, RunData, Scenario
 from fedbench.registry import register_defense
@@ -69,18 +71,21 @@ def calibrated_sigma(target: float, q: float, steps: int, delta: float, accounta
 
 
 @functools.lru_cache(maxsize=256)
-def participation_sigma(target: float, p: float, rounds: int, uses: int, delta: float) -> float:
+def participation_sigma(target: float, p: float, rounds: int, exposure: Exposure, delta: float) -> float:
     """The noise multiplier whose participation-level epsilon is at most `target` (memoised)."""
     from fedbench.metrics.accounting import participation_sigma as solve
 
-    return solve(target, p, rounds, uses, delta).sigma
+    return solve(target, p, rounds, exposure.uses, delta, extra=exposure.extra).sigma
 
 
 @register_defense("dp-sgd", "dpsgd")
 class DPSGD(_PerExampleDP):
     """DP-SGD in local training: flat per-example clip to C, Gaussian noise, sigma calibrated to epsilon."""
 
-    version = "2"  # 2: accounted and calibrated at the simulated mechanism's level (sampling=participation)
+    # 2: accounted and calibrated at the simulated mechanism's level (sampling=participation); 3: an
+    # example in a partial epoch's batches (FedSGD's one batch, local steps that are not whole epochs)
+    # counts with the probability it is in them, not always (the calibrated sigma moves only there)
+    version = "3"
     per_layer = False  # one flat clip of the whole per-example gradient: sensitivity C
     paper = Paper(
         "abadi2016dpsgd",
@@ -124,9 +129,8 @@ class DPSGD(_PerExampleDP):
         p = self.params
         n = train_size or self._train_size
         if p.sampling == "participation":
-            uses = _uses_per_round(scenario, n)
             rate = _participation_rate(scenario)
-            return participation_sigma(p.epsilon, rate, scenario.rounds, uses, p.delta)
+            return participation_sigma(p.epsilon, rate, scenario.rounds, _exposure(scenario, n), p.delta)
         q, steps, _ = self.sampling(scenario, n)
         return calibrated_sigma(p.epsilon, q, steps, p.delta, p.accountant)
 
@@ -134,9 +138,11 @@ class DPSGD(_PerExampleDP):
         p = self.params
         sigma = self.sigma_for(scenario, train_size)
         if p.sampling == "participation":
-            uses = _uses_per_round(scenario, train_size)
+            exposure = _exposure(scenario, train_size)
             whole = WholeSensitivity.of(False, tensors, self.name)
-            return _account_participation(sigma, scenario, p.delta, level="example", uses=uses, whole=whole)
+            return _account_participation(
+                sigma, scenario, p.delta, level="example", exposure=exposure, whole=whole
+            )
         q, steps, local = self.sampling(scenario, train_size)
         return _account(sigma, q, steps, p.delta, "example", p.accountant, local)
 
@@ -187,7 +193,7 @@ class DPFedAvg(FedSDP):
         p = self.params
         rate = _participation_rate(scenario)
         if p.sampling == "participation":
-            return participation_sigma(p.epsilon, rate, scenario.rounds, 1, p.delta)
+            return participation_sigma(p.epsilon, rate, scenario.rounds, CLIENT_EXPOSURE, p.delta)
         return calibrated_sigma(p.epsilon, rate, scenario.rounds, p.delta, p.accountant)
 
 

@@ -33,8 +33,9 @@ default (`sampling=participation`) epsilon is that of the mechanism the simulati
 - the sensitivity is that of the clipping as run: per-layer clipping of each of the model's M
   trained parameter tensors to C bounds the whole gradient or update by C*sqrt(M) (not C), so the
   noise multiplier of the whole is sigma / sqrt(M); a flat clip (dp-sgd, dp-fedavg) has sensitivity C;
-- Fed-CDP: example level, an example in `_uses_per_round` noisy local steps of each round its client
-  takes part in (one batch per shuffled local epoch); Fed-SDP: client level, one release per round.
+- Fed-CDP: example level, an example in the noisy local steps of each round its client takes part in
+  that hold it (`_exposure`: one batch per shuffled local epoch; FedSGD's one batch of B of n records
+  holds it with probability B / n); Fed-SDP: client level, one release per round.
 `sampling=poisson` is the paper's model instead, which the simulation does not run: Fed-CDP every one
 of the T*L local steps an independent Poisson sample at q = B*K_t/N (Proposition 1; `sample_rate`
 overrides q, the paper sets 0.01), Fed-SDP Poisson client sampling at q = K_t/K, both with sensitivity
@@ -160,25 +161,51 @@ def _local_steps(scenario: Scenario, train_size: int) -> int:
     return scenario.local_epochs * math.ceil(n_client / batch)
 
 
-def _uses_per_round(scenario: Scenario, train_size: int) -> int:
-    """The local steps of one round an example can take part in (at most; the simulation's batching).
+@dataclass(frozen=True)
+class Exposure:
+    """The noisy steps of one round an example of a participating client is in: `uses`, plus one more
+    with probability `extra` (the selection of its batches is data-independent; the simulation's
+    batching makes it exact)."""
+
+    uses: int
+    extra: float = 0.0
+
+    @property
+    def most(self) -> int:
+        return self.uses + (1 if self.extra > 0 else 0)
+
+    def describe(self) -> str:
+        more = f", one more with probability {self.extra:.4g}" if self.extra > 0 else ""
+        return f"{self.uses} noisy step(s) per round taken part in{more}"
+
+
+CLIENT_EXPOSURE = Exposure(1)  # client level: one release (the round update) per round taken part in
+
+
+def _exposure(scenario: Scenario, train_size: int) -> Exposure:
+    """How many noisy local steps of a round one example takes part in (`Exposure`).
 
     Each local epoch is a fresh shuffle of the client's data cut into batches, so an example is in
-    exactly one batch per epoch: E with `local_epochs`, 1 with FedSGD (one batch), and with
-    `local_steps` S the epochs those steps span, ceil(S / ceil(n / B)), where n is the smallest
-    client's size: N // K for the equal-size iid and shards splits; S for the others (a client
-    may hold B examples or fewer) and for B = 0 (every step is the whole local data).
+    exactly one batch per epoch: E with `local_epochs`. FedSGD takes the first batch of a fresh
+    shuffle, so an example of a client of n records is in it with probability B / n. `local_steps` S
+    over n / B batches per epoch are e = S // ceil(n / B) whole epochs and r leftover batches of a
+    fresh shuffle, which hold the example with probability r * B / n. n is the smallest client's
+    size (N // K for the equal-size iid and shards splits, the worst case); for the other partitions
+    (a client may hold B examples or fewer) and for B = 0 (every step is the whole local data) every
+    step counts.
     """
-    if scenario.protocol == "fedsgd":
-        return 1
-    if not scenario.local_steps:
-        return scenario.local_epochs
-    steps = scenario.local_steps
+    if scenario.protocol == "fedavg" and not scenario.local_steps:
+        return Exposure(scenario.local_epochs)
+    steps = 1 if scenario.protocol == "fedsgd" else scenario.local_steps
     if scenario.partition not in ("iid", "shards") or not scenario.batch_size:
-        return steps  # a client may hold <= B examples (or B = all): every step is a whole epoch
+        return Exposure(steps)  # a client may hold <= B examples (or B = all): every step is a whole epoch
     per = scenario.shards_per_client if scenario.partition == "shards" else 1
     n = max(1, per * (train_size // (scenario.clients * per)))  # np.array_split's smallest part
-    return math.ceil(steps / math.ceil(n / scenario.batch_size))
+    batches = math.ceil(n / scenario.batch_size)
+    epochs, left = divmod(steps, batches)
+    if not left:
+        return Exposure(epochs)
+    return Exposure(epochs, min(1.0, left * scenario.batch_size / n))
 
 
 _SGM_SAMPLING = {
@@ -205,25 +232,25 @@ def _account_participation(
     delta: float,
     *,
     level: Literal["example", "client"],
-    uses: int,
+    exposure: Exposure,
     whole: WholeSensitivity,
 ) -> Accounting:
     """epsilon of the mechanism as simulated (`accounting.participation_epsilon`): K_t of K clients drawn
-    per round (a client in a round with probability p = K_t/K, the draw visible), `uses` Gaussian
-    releases per round taken part in, noise multiplier sigma / `whole.factor` of the whole gradient or
-    update (per-layer clipping: sqrt(M))."""
+    per round (a client in a round with probability p = K_t/K, the draw visible), the Gaussian
+    releases of `exposure` per round taken part in, noise multiplier sigma / `whole.factor` of the
+    whole gradient or update (per-layer clipping: sqrt(M))."""
     from fedbench.metrics.accounting import PARTICIPATION_LABEL, participation_epsilon
 
     p = _participation_rate(scenario)
     z = sigma / whole.factor
-    res = participation_epsilon(z, p, scenario.rounds, uses, delta)
+    res = participation_epsilon(z, p, scenario.rounds, exposure.uses, delta, extra=exposure.extra)
     unit = "examples" if level == "example" else "clients"
     label = (
         f"{PARTICIPATION_LABEL}; {level} level: p={p:.4g} per round ({_participants(scenario)} of "
-        f"{scenario.clients} clients drawn per round), {uses} noisy step(s) per round, zero-out "
-        f"neighbours ({unit}); {whole.note}, noise multiplier {z:.4g}"
+        f"{scenario.clients} clients drawn per round), {exposure.describe()}, zero-out neighbours "
+        f"({unit}); {whole.note}, noise multiplier {z:.4g}"
     )
-    return Accounting(res.epsilon, delta, level, label, z, p, scenario.rounds * uses)
+    return Accounting(res.epsilon, delta, level, label, z, p, scenario.rounds * exposure.most)
 
 
 @dataclass(frozen=True)
@@ -335,7 +362,9 @@ class FedSDP(Defense):
         sigma = self.sigma_for(scenario)
         if p.sampling == "participation":
             whole = WholeSensitivity.of(self.per_layer, tensors, self.name)
-            return _account_participation(sigma, scenario, p.delta, level="client", uses=1, whole=whole)
+            return _account_participation(
+                sigma, scenario, p.delta, level="client", exposure=CLIENT_EXPOSURE, whole=whole
+            )
         local = _local_steps(scenario, train_size)
         rate = _participation_rate(scenario)
         return _account(sigma, rate, scenario.rounds, p.delta, "client", p.accountant, local)
@@ -430,14 +459,16 @@ class _PerExampleDP(Defense):
         self, scenario: Scenario, train_size: int, tensors: int | None = None
     ) -> Accounting | None:
         """Example level. `sampling=participation` (default): the simulated mechanism (an example in
-        `_uses_per_round` noisy steps of each round its client takes part in), sensitivity C*sqrt(M)
+        the noisy steps of each round its client takes part in that hold it), sensitivity C*sqrt(M)
         per layer (C flat). `sampling=poisson`: the paper's Proposition 1 (`accountant=paper`: Table VI)."""
         p = self.params
         sigma = self.sigma_for(scenario)
         if p.sampling == "participation":
             whole = WholeSensitivity.of(self.per_layer, tensors, self.name)
-            uses = _uses_per_round(scenario, train_size)
-            return _account_participation(sigma, scenario, p.delta, level="example", uses=uses, whole=whole)
+            exposure = _exposure(scenario, train_size)
+            return _account_participation(
+                sigma, scenario, p.delta, level="example", exposure=exposure, whole=whole
+            )
         q, steps, local = self.sampling(scenario, train_size)
         return _account(sigma, q, steps, p.delta, "example", p.accountant, local)
 

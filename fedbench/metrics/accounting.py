@@ -307,9 +307,11 @@ def calibrate_sigma(
 @dataclass(frozen=True)
 class ParticipationResult(EpsilonResult):
     """epsilon of example-level DP-SGD in FL: `rounds` rounds, participation `q` per round, `uses`
-    noisy local steps per round in which a participating example takes part (`steps` = rounds)."""
+    noisy local steps per round in which a participating example takes part, plus one more with
+    probability `extra` (`steps` = rounds)."""
 
     uses: int = 1
+    extra: float = 0.0
 
     @property
     def label(self) -> str:
@@ -335,32 +337,48 @@ def gaussian_delta(eps: float, mu: Any) -> Any:
     return out
 
 
-def participation_delta(eps: float, sigma: float, p: float, rounds: int, uses: int) -> float:
+def participation_delta(
+    eps: float, sigma: float, p: float, rounds: int, uses: int, extra: float = 0.0
+) -> float:
     """delta(eps) of `rounds` rounds in each of which an example takes part with probability p (its
-    client is selected; independent across rounds) in `uses` Gaussian steps of noise multiplier sigma.
+    client is selected; independent across rounds) in `uses` Gaussian steps of noise multiplier sigma,
+    and in one more step with probability `extra` given that (independent across rounds).
 
-    sum_j Binom(j; rounds, p) * delta_Gauss(eps; sqrt(j * uses) / sigma): the selection pattern is
-    independent of the data, so by joint convexity of the hockey-stick divergence delta is at most
-    the mean over patterns of the pattern's delta; given j participations the adaptive composition
-    of j * uses Gaussian steps is exactly the Gaussian mechanism with mu = sqrt(j * uses) / sigma
-    (Dong, Roth & Su 2019). The bound is tight when the selection is visible to the adversary.
+    sum over (j, b) of Binom(j; rounds, p) Binom(b; j, extra) delta_Gauss(eps; sqrt(j * uses + b) /
+    sigma): the selection pattern is independent of the data, so by joint convexity of the hockey-stick
+    divergence delta is at most the mean over patterns of the pattern's delta; given the pattern, the
+    adaptive composition of its j * uses + b Gaussian steps is exactly the Gaussian mechanism with
+    mu = sqrt(j * uses + b) / sigma (Dong, Roth & Su 2019). The bound is tight when the selection is
+    visible to the adversary.
     """
-    return _participation_delta_fn(sigma, p, rounds, uses)(eps)
+    return _participation_delta_fn(sigma, p, rounds, uses, extra)(eps)
 
 
-def _participation_delta_fn(sigma: float, p: float, rounds: int, uses: int) -> Callable[[float], float]:
+def _participation_delta_fn(
+    sigma: float, p: float, rounds: int, uses: int, extra: float = 0.0
+) -> Callable[[float], float]:
     import numpy as np
     from scipy.stats import binom
 
     j = np.arange(rounds + 1)
     weights = binom.pmf(j, rounds, p)
+    if extra > 0:  # b of the j participations hold the extra step: the pattern's weight splits by b
+        keep = weights > 1e-300
+        parts = [
+            (int(jj), w * binom.pmf(np.arange(jj + 1), jj, extra))
+            for jj, w in zip(j[keep], weights[keep], strict=True)
+        ]
+        counts = np.concatenate([jj * uses + np.arange(jj + 1) for jj, _ in parts])
+        weights = np.concatenate([w for _, w in parts])
+    else:
+        counts = j * uses
     keep = weights > 1e-300
-    weights, mus = weights[keep], np.sqrt(j[keep] * uses) / sigma
+    weights, mus = weights[keep], np.sqrt(counts[keep]) / sigma
     return lambda eps: float(np.sum(weights * gaussian_delta(eps, mus)))
 
 
 def participation_epsilon(
-    sigma: float, p: float, rounds: int, uses: int, delta: float, warn: bool = True
+    sigma: float, p: float, rounds: int, uses: int, delta: float, warn: bool = True, extra: float = 0.0
 ) -> ParticipationResult:
     """epsilon at `delta` of example-level DP-SGD inside FL (the mechanism the simulation runs).
 
@@ -369,7 +387,9 @@ def participation_epsilon(
     local steps over its own data, each step the sum of flat-clipped per-example gradients (L2 <= C)
     plus N(0, sigma^2 C^2) (per-example noise of std sigma*C is more noise, so it is covered); an
     example takes part in `uses` of those steps (one per local epoch: each epoch is a shuffle of the
-    local data cut into batches, so every example is in exactly one batch per epoch).
+    local data cut into batches, so every example is in exactly one batch per epoch), and in one more
+    with probability `extra` (a partial epoch of r batches out of a fresh shuffle; FedSGD's one batch
+    of B out of n: `uses` 0 and `extra` B / n).
 
     Neighbouring datasets differ in one example replaced by a null example with zero gradient
     ("zero-out", dp-accounting's REPLACE_SPECIAL): the relation under which a shuffled batch's sum has
@@ -377,22 +397,30 @@ def participation_epsilon(
     claimed: the batches are not Poisson samples, and client selection does not amplify an
     example-level guarantee in epsilon, because the selected client's other data changes the output
     whether or not the example is there (the rounds the client skips are not the neighbour's
-    output). What client selection does give is exact: the example is exposed in j ~ Binom(T, p)
-    rounds (`participation_delta`). epsilon is found by bisection on delta(eps) (decreasing in eps).
+    output). What client selection and batching do give is exact: the example is exposed in
+    j ~ Binom(T, p) rounds, b ~ Binom(j, extra) of them with the extra step (`participation_delta`).
+    epsilon is found by bisection on delta(eps) (decreasing in eps).
     """
     validate(sigma, p, rounds, delta)
-    if int(uses) != uses or uses < 1:
+    if int(uses) != uses or uses < 0 or (uses == 0 and not extra):
         raise FedbenchError(f"uses={uses}: the steps an example is in per round must be an integer >= 1")
+    if not 0 <= extra <= 1:
+        raise FedbenchError(f"extra={extra}: the probability of one more step per round must be in [0, 1]")
     rounds, uses = int(rounds), int(uses)
 
-    d = _participation_delta_fn(sigma, p, rounds, uses)
+    d = _participation_delta_fn(sigma, p, rounds, uses, extra)
 
     lo, hi = 0.0, 1.0
     if d(lo) > delta:
         while d(hi) > delta:
             lo, hi = hi, 2 * hi
-            if hi > 1e6:
-                raise FedbenchError(f"epsilon of sigma={sigma}, p={p}, rounds={rounds} exceeds 1e6")
+            if hi > 1e12:  # noise this small is no guarantee: infinite, said (as local_epsilon does)
+                message = f"epsilon of sigma={sigma:g}, p={p:g}, rounds={rounds} exceeds 1e12: no bound, inf"
+                if warn:
+                    warnings.warn(message, AccountingWarning, stacklevel=2)
+                return ParticipationResult(
+                    math.inf, delta, sigma, p, rounds, "participation", None, message, uses, extra
+                )
         for _ in range(100):
             mid = (lo + hi) / 2
             if d(mid) > delta:
@@ -403,17 +431,23 @@ def participation_epsilon(
                 break
     else:
         hi = 0.0
-    return ParticipationResult(hi, delta, sigma, p, rounds, "participation", None, None, uses)
+    return ParticipationResult(hi, delta, sigma, p, rounds, "participation", None, None, uses, extra)
 
 
 def participation_sigma(
-    target_epsilon: float, p: float, rounds: int, uses: int, delta: float, tolerance: float = 1e-4
+    target_epsilon: float,
+    p: float,
+    rounds: int,
+    uses: int,
+    delta: float,
+    tolerance: float = 1e-4,
+    extra: float = 0.0,
 ) -> ParticipationResult:
     """The smallest sigma whose `participation_epsilon` is <= target_epsilon (bisection)."""
     validate(None, p, rounds, delta)
 
     def eps_at(s: float, warn: bool = False) -> EpsilonResult:
-        return participation_epsilon(s, p, rounds, uses, delta, warn=warn)
+        return participation_epsilon(s, p, rounds, uses, delta, warn=warn, extra=extra)
 
     where = f"client participation p={p}, rounds={rounds}, {uses} uses per round, delta={delta}"
     return calibrate_sigma(eps_at, target_epsilon, where, tolerance)  # type: ignore[return-value]
