@@ -288,3 +288,61 @@ def build_cmd(
     if failed:
         err.print(f"not built: {', '.join(failed)}", highlight=False)
         raise typer.Exit(1)
+
+
+@_command("epsilon")
+def epsilon_cmd(
+    board: BoardsArgument = None,
+    root: DirOption = Path("leaderboards"),
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Write nothing; exit 1 when an entry's epsilon is not today's accountant's."
+        ),
+    ] = False,
+) -> None:
+    """Recompute the entries' epsilon with today's accountants, without re-running anything.
+
+    Epsilon depends on the defense's parameters, the scenario and the model's shape only, so a fixed
+    accountant reaches a committed board from its entries (`fedbench.reporting.board_epsilon`). Changed
+    entries are rewritten and their board re-rendered; one line per change. A defense that calibrates
+    its noise to a target epsilon (dp-sgd, dp-fedavg) is left as it is: its runs hold that noise, so
+    only a rebuild can change it.
+
+    Examples:
+
+      fedbench leaderboard epsilon
+
+      fedbench leaderboard epsilon membership-mnist5k-mlp --check
+    """
+    from fedbench.reporting.board_epsilon import NotRefreshable, refresh_epsilon
+    from fedbench.reporting.leaderboard import board_names, check_board_name, load_board, render, write_board
+
+    names = board or board_names(root)
+    for name in names:
+        check_board_name(root, name)
+    moved = 0
+    for name in names:
+        b, entries = load_board(root / name)
+        fresh = []
+        for entry in entries:
+            try:
+                new = refresh_epsilon(entry)
+            except NotRefreshable as exc:
+                err.print(f"{name}: {entry['defense']}: kept ({exc})", highlight=False)
+                new = entry
+            if new != entry:
+                moved += 1
+                old_eps, new_eps = entry["metrics"].get("epsilon"), new["metrics"].get("epsilon")
+                err.print(f"{name}: {entry['defense']}: epsilon {old_eps} -> {new_eps}", highlight=False)
+            fresh.append(new)
+        if not check and fresh != entries:
+            write_board(root, b, fresh)
+            render(root, [name])
+    if check and moved:
+        err.print(
+            f"{moved} entries hold another epsilon; run 'fedbench leaderboard epsilon'", highlight=False
+        )
+        raise typer.Exit(1)
+    if not moved:
+        err.print("every entry's epsilon is today's accountant's", highlight=False)
