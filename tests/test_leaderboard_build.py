@@ -4,6 +4,7 @@ tiny board (sklearn digits, an 8-unit MLP, one FL round, two cheap attacks, two 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -156,9 +157,10 @@ def test_build_writes_the_board_folder(built, presets):
     assert board.preset == "tiny-board" and board.attack_suite == ("idlg[iterations=2]", "dlg[iterations=2]")
     assert all(e["seeds"] == [0, 1] and len(e["run_ids"]) == 4 for e in entries)
     assert all(e["rank_stability"]["resamples"] == ranking.STABILITY_RESAMPLES for e in entries)
-    # the board records the command that rebuilt it, not the preset's run && export line
+    # the board records the command that rebuilt it, not the preset's run && export line; a path
+    # relative to the current folder, and no --dir or --cache-dir (they do not change the board)
     assert shlex.split(board.command) == [
-        "fedbench", "leaderboard", "build", "tiny-board", "--preset-dir", str(presets), "--dir", str(root)
+        "fedbench", "leaderboard", "build", "tiny-board", "--preset-dir", os.path.relpath(presets)
     ]  # fmt: skip
     readme = (folder / lb.README_FILE).read_text()
     assert board.command in readme and "| rank stability" in readme and "bootstrap resamples" in readme
@@ -264,11 +266,26 @@ def test_two_presets_declaring_one_board_are_refused(presets, tmp_path):
         resolve_boards(["twin", "tiny-board"], False, (tmp_path, presets))
 
 
-def test_rebuild_command_names_where_the_preset_is():
+def test_rebuild_command_names_where_the_preset_is(tmp_path, monkeypatch):
+    """The preset, and for one of yours the folders it and its base are found in and the plugins its
+    grid uses; paths relative to the current folder; nothing else (no --dir: not part of the board)."""
+    monkeypatch.chdir(tmp_path)
     builtin = BoardSource("mnist5k-fedavg", Path("/x/mnist5k-fedavg.toml"), "mnist5k-mlp-fedavg", True)
-    assert rebuild_command(builtin, Path("leaderboards")) == "fedbench leaderboard build mnist5k-fedavg"
+    assert rebuild_command(builtin) == "fedbench leaderboard build mnist5k-fedavg"
+    assert rebuild_command(builtin, (Path("mine"),), (Path("p.py"),)) == rebuild_command(builtin)
+    (tmp_path / "my dir").mkdir()
+    (tmp_path / "my dir" / "b.toml").write_text('[grid]\nextends = "base"\n')
+    (tmp_path / "bases").mkdir()
+    (tmp_path / "bases" / "base.toml").write_text("[grid]\n")
     by_path = BoardSource("my dir/b.toml", Path("my dir/b.toml"), "b", False)
-    assert rebuild_command(by_path, Path("out")) == "fedbench leaderboard build 'my dir/b.toml' --dir out"
+    assert rebuild_command(by_path, (Path("bases"),)) == (
+        "fedbench leaderboard build 'my dir/b.toml' --preset-dir bases"
+    )
+    by_name = BoardSource("b", tmp_path / "my dir" / "b.toml", "b", False)
+    unused = tmp_path / "unused"
+    assert rebuild_command(by_name, (unused, tmp_path / "bases"), (tmp_path / "plug.py",)) == (
+        "fedbench leaderboard build b --preset-dir 'my dir' --preset-dir bases --plugin plug.py"
+    )
 
 
 FAIL_PLUGIN = """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, get_args
 
@@ -133,6 +133,50 @@ def literal(text: str) -> str:
     '[default: ...]' is a style tag and vanishes from `--help`; escaped, the brackets print."""
     return escape(text)
 
+
+def command_words(ctx: Any, names: Collection[str] | None = None, relative: bool = False) -> list[str]:
+    """A parsed command's parameters (`typer.Context`) as words, in the order the command declares them,
+    each option by its first flag and only where it differs from its default: the command in one normal
+    form, whatever spelling (`-j2`, `--threads=1`, any order) it was typed in. `names` keeps those
+    parameters only; `relative` writes paths (and a preset given as a file) relative to the current folder
+    (`fedbench.spec.boards.portable_path`), as a command recorded for other machines must."""
+    from fedbench.spec.boards import is_preset_path, portable_path
+
+    words: list[str] = []
+    for param in ctx.command.params:
+        if names is not None and param.name not in names:
+            continue
+        value = ctx.params.get(param.name)
+        if value is None or value is False or (isinstance(value, list | tuple) and not value):
+            continue
+        texts = []
+        for v in value if isinstance(value, list | tuple) else [value]:
+            path = isinstance(v, Path) or (param.name == "preset" and is_preset_path(str(v)))
+            texts.append(portable_path(v) if relative and path else str(v))
+        if param.name == "n_jobs" and value == 0:  # parse_jobs' value of `auto`, which reads back
+            texts = ["auto"]
+        if param.param_type_name == "argument":
+            words += texts
+        elif getattr(param, "is_flag", False):
+            if value != param.default:
+                words.append(param.opts[0])
+        elif value != param.default:
+            for text in texts:
+                words += [param.opts[0], text]
+    return words
+
+
+def force_param(help: str) -> Any:
+    """--force, the one word for overwriting what a command otherwise keeps: `run` recomputes cached
+    runs, `export --to leaderboard` and `leaderboard build` replace a board's entries that another command
+    wrote. `Annotated[bool, force_param("Recompute ... and overwrite ...")]`; help says what it overwrites."""
+    return typer.Option("--force", help=help)
+
+
+FORCE_BOARD_HELP = (
+    "Overwrite the board's entries when another command wrote them (without it that is refused, naming "
+    "the entries that would be lost; a board's own Regenerate command needs no --force)."
+)
 
 PLUGIN_HELP = "Python file that registers plugins (the only way code is loaded from a path); repeatable."
 PluginOption = Annotated[list[Path] | None, typer.Option("--plugin", help=PLUGIN_HELP)]

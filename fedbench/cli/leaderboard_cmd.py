@@ -19,12 +19,14 @@ from typing import Annotated
 import typer
 
 from fedbench.cli._common import (
+    FORCE_BOARD_HELP,
     CacheDirOption,
     DataRootOption,
     NJobsOption,
     PluginOption,
     ThreadsOption,
     err,
+    force_param,
     handle_errors,
     literal,
     out,
@@ -239,6 +241,7 @@ def build_cmd(
     root: DirOption = Path("leaderboards"),
     preset_dir: PresetDirOption = None,
     plugin: PluginOption = None,
+    force: Annotated[bool, force_param(FORCE_BOARD_HELP)] = False,
 ) -> None:
     """Run each board's preset and export the board from its results (JSON entries, CSV, README).
 
@@ -246,17 +249,20 @@ def build_cmd(
     'fedbench export --to leaderboard' does. One line per board: its runs and seconds (with stderr
     redirected to a file, also a line per computed or failed run, cached runs summed up every few
     seconds). A failed run leaves that board as it was; the others are built, and the command exits 1
-    naming it.
+    naming it. A board records the command that rebuilt it (the preset, and --preset-dir and --plugin for
+    a preset of yours); a board that another command wrote (another preset, or 'fedbench export') is
+    replaced only with --force: without it, exit 2 before any run, naming the entries it would lose.
 
     Examples:
 
       fedbench leaderboard build --all --n-jobs 2 --threads 1
 
-      fedbench leaderboard build quickstart
-
       fedbench leaderboard build my-board --preset-dir my_presets --dir /tmp/boards
+
+      fedbench leaderboard build my-board --preset-dir my_presets --force   # replace another's board
     """
     from fedbench.cli._common import cache_dir_option, data_root_option, load_plugins
+    from fedbench.cli.board_write import check_overwrite, grid_plugins
     from fedbench.execution.cache import RunCache
     from fedbench.execution.runner import GridInterrupted, RunContext, check_grid
     from fedbench.spec.grid import build_grid
@@ -268,13 +274,16 @@ def build_cmd(
     planned = []
     for source in sources:  # every usage error (a preset, a dataset without --data-root) before any run
         grid = build_grid(source.path, extra_dirs=extra)
-        planned.append((source, grid, check_grid(list(grid.specs), ctx, n_jobs)))
+        command = rebuild_command(source, extra, grid_plugins(grid, plugin or ()))
+        defenses = {spec.defense.label for spec in grid.specs}
+        check_overwrite(root / source.board, command, defenses, force, "build into another --dir")
+        planned.append((source, grid, check_grid(list(grid.specs), ctx, n_jobs), command))
     cache = RunCache(cache_dir_option(cache_dir))
     failed = []
-    for source, grid, setup in planned:
+    for source, grid, setup, command in planned:
         try:
             with _sigterm_as_interrupt():
-                result = build_board(source, grid, setup, cache, root, rebuild_command(source, root))
+                result = build_board(source, grid, setup, cache, root, command)
         except GridInterrupted:
             err.print(
                 f"interrupted while building {source.board}: finished runs are cached; "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -23,8 +22,10 @@ from fedbench.cli._common import (
     ThreadsOption,
     cache_dir_option,
     choice_option,
+    command_words,
     data_root_option,
     err,
+    force_param,
     handle_errors,
     literal,
     load_plugins,
@@ -32,8 +33,9 @@ from fedbench.cli._common import (
 )
 from fedbench.execution.placement import Backend
 
+DEFAULT_PRESET = "quickstart"  # what `fedbench run` alone runs
 PRESET_HELP = literal(
-    "Preset name (see 'fedbench list presets') or path to a .toml file [default: quickstart]."
+    f"Preset name (see 'fedbench list presets') or path to a .toml file [default: {DEFAULT_PRESET}]."
 )
 TIMEOUT_HELP = "Seconds per run; a run past it becomes a 'timeout' row (not cached)."
 PresetDirOption = Annotated[
@@ -56,6 +58,7 @@ def _overrides(dataset, model, defense, attack, set_, seeds):
 
 @handle_errors
 def run_cmd(
+    ctx: typer.Context,
     preset: Annotated[str | None, typer.Argument(help=PRESET_HELP)] = None,
     dataset: Annotated[
         list[str] | None,
@@ -85,9 +88,7 @@ def run_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="Results directory.")] = Path("results"),
     cache_dir: CacheDirOption = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")] = False,
-    force: Annotated[
-        bool, typer.Option("--force", help="Recompute every run and overwrite its cache entry.")
-    ] = False,
+    force: Annotated[bool, force_param("Recompute every run and overwrite its cache entry.")] = False,
     n_jobs: NJobsOption = 1,
     timeout: Annotated[float | None, typer.Option("--timeout", help=TIMEOUT_HELP)] = None,
     fail_fast: Annotated[
@@ -150,14 +151,17 @@ def run_cmd(
 
     load_plugins(plugin)
     grid = build_grid(
-        preset or "quickstart",
+        preset or DEFAULT_PRESET,
         _overrides(dataset, model, defense, attack, set_, seeds),
         tuple(preset_dir or ()),
     )
     if dry_run:
         _print_plan(grid)
         return
-    ctx = RunContext(
+    # the sidecar's record of this command, from the options as parsed (sys.argv is another program's
+    # when fedbench runs embedded, e.g. under CliRunner); export reads its grid options back
+    command = shlex.join(["fedbench", "run", *command_words(ctx)])
+    run_ctx = RunContext(
         device=device,
         data_root=data_root_option(data_root),
         download=download,
@@ -167,7 +171,7 @@ def run_cmd(
         address=address,
         gpus=parse_gpus(gpus),
     )
-    setup = check_grid(list(grid.specs), ctx, n_jobs)  # every usage error here, before any output
+    setup = check_grid(list(grid.specs), run_ctx, n_jobs)  # every usage error here, before any output
     cache = RunCache(None if no_cache else cache_dir_option(cache_dir), force=force)
     err.print(
         f"{grid.name}: {len(grid.specs)} runs (device {setup.ctx.device})"
@@ -178,7 +182,7 @@ def run_cmd(
     counts: Counter = Counter()
     try:
         with _sigterm_as_interrupt():
-            records, path = _run_with_progress(grid, setup, cache, output, counts, fail_fast)
+            records, path = _run_with_progress(grid, setup, cache, output, counts, fail_fast, command)
     except GridInterrupted as exc:
         where = f"; results of the finished runs: {exc.path}" if exc.path else ""
         err.print(
@@ -225,11 +229,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False):
+def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False, command=""):
     """Run the grid with its progress on stderr: a bar on a terminal, else plain lines (`LogLines`)."""
     from fedbench.api import execute_grid
 
-    command = "fedbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if not err.is_terminal:  # a log file: no bar (rich would draw it only at the end), a line per run
         from fedbench.cli.progress import LogLines
 

@@ -56,10 +56,8 @@ def _first(values) -> Any:
 
 
 def default_command(preset: str, board: str) -> str:
-    return (
-        f"fedbench run {preset} -o /tmp/fedbench-{board} && "
-        f"fedbench export /tmp/fedbench-{board} --to leaderboard --board {board}"
-    )
+    """A board's command when its results record none (the Python API's): no local path in it."""
+    return f"fedbench run {preset} && fedbench export --to leaderboard --board {board}"
 
 
 def build(

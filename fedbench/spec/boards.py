@@ -5,6 +5,7 @@ own name, or a preset file) and records `rebuild_command` in the board it writes
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ def resolve_boards(names: list[str], every: bool, extra_dirs: tuple[Path, ...] =
     else:
         chosen = []
         for name in names:
-            if name.endswith(".toml") or "/" in name or "\\" in name:
+            if is_preset_path(name):
                 source = _source(name, find_preset(name), extra_dirs)
             else:  # a preset by name (loaded again: its own errors are shown), else a board's name
                 source = None
@@ -93,11 +94,60 @@ def _not_a_board(name: str, known: list[BoardSource], extra_dirs: tuple[Path, ..
     raise UnknownNameError(f"unknown board '{name}'; {more}(boards, as preset (board): {listing})")
 
 
-def rebuild_command(source: BoardSource, root: Path) -> str:
-    """The command that rebuilds a board, recorded in its board.json and shown in its README."""
-    words = ["fedbench", "leaderboard", "build", source.preset]
-    if not source.builtin and source.path.name == f"{source.preset}.toml":
-        words += ["--preset-dir", str(source.path.parent)]
-    if root != Path("leaderboards"):
-        words += ["--dir", str(root)]
-    return " ".join(shlex.quote(w) for w in words)
+def portable_path(path: str | Path, base: str | Path | None = None) -> str:
+    """A path as a recorded command states it: relative to `base` [default: the current folder, where
+    the command runs], never absolute (a board's README is read on other machines). An absolute path
+    becomes relative (with '..' when it lies outside `base`), a relative one is normalised; '/'
+    separates its parts. Only a path on another Windows drive, which has no relative form, stays absolute."""
+    text = str(path)
+    if Path(text).is_absolute():
+        try:
+            text = os.path.relpath(text, Path(base) if base is not None else Path.cwd())
+        except ValueError:  # another drive
+            return Path(text).as_posix()
+    return Path(os.path.normpath(text)).as_posix()
+
+
+def is_preset_path(name: str) -> bool:
+    """A preset given as a file rather than by name (`find_preset`'s rule)."""
+    return name.endswith(".toml") or "/" in name or "\\" in name
+
+
+def rebuild_command(
+    source: BoardSource, extra_dirs: tuple[Path, ...] = (), plugins: tuple[Path, ...] = ()
+) -> str:
+    """The command that rebuilds a board, recorded in its board.json and shown in its README.
+
+    It names what decides the board's runs, whatever else the build was given (other boards' folders
+    and plugins in one `--all`): the preset (a built-in one by its name, however it was given), for
+    another preset the --preset-dir folders it is found in (`preset_dirs`), and the `plugins` its grid
+    uses, as paths relative to the current folder (`portable_path`). Where the board is written
+    (--dir), the cache, the data root and the parallelism do not change the board and are left out: the
+    command is the same for every build of the board, which is how a build recognises its own board
+    (`fedbench.cli.board_write.overwrite_error`)."""
+    if source.builtin:  # found by name without any --preset-dir; it cannot name a plugin's component
+        return shlex.join(["fedbench", "leaderboard", "build", source.path.stem])
+    by_path = is_preset_path(source.preset)
+    words = ["fedbench", "leaderboard", "build", portable_path(source.preset) if by_path else source.preset]
+    for folder in preset_dirs(source, extra_dirs):
+        words += ["--preset-dir", portable_path(folder)]
+    for plugin in plugins:
+        words += ["--plugin", portable_path(plugin)]
+    return shlex.join(words)
+
+
+def preset_dirs(source: BoardSource, extra_dirs: tuple[Path, ...]) -> list[Path]:
+    """The --preset-dir folders a board's preset needs: its own (when named by name) and that of the
+    preset it `extends` (when that is neither beside it nor built in)."""
+    import tomllib
+
+    from fedbench.spec.grid import builtin_preset_dir, find_preset
+
+    by_path = is_preset_path(source.preset)
+    dirs = [] if by_path else [source.path.parent]
+    base = tomllib.loads(source.path.read_text(encoding="utf-8")).get("grid", {}).get("extends")
+    if base:
+        found = find_preset(str(base), (source.path.parent, *extra_dirs)).resolve().parent
+        if found not in {source.path.resolve().parent, builtin_preset_dir().resolve()}:
+            dirs.append(next((Path(d) for d in extra_dirs if Path(d).resolve() == found), found))
+    return dirs
