@@ -44,14 +44,15 @@ def entry_accounting(entry: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None
     from fedbench.data import load_dataset
     from fedbench.execution.runner import _accepts
     from fedbench.plugin import Defense
+    from fedbench.registry import defenses
     from fedbench.spec.patterns import parse_pattern
     from fedbench.spec.run import ComponentSpec
 
+    if defenses.get(entry["defense_name"]).accounting is Defense.accounting:
+        return None  # before parsing the label: a heuristic defense's label may hold free text
     name, params = parse_pattern(entry["defense"])
     defense_spec = ComponentSpec.resolve("defense", name, params)
     defense = defense_spec.instantiate()
-    if type(defense).accounting is Defense.accounting:
-        return None
     if "epsilon" in {f.name for f in dataclasses.fields(defense.params)}:
         raise NotRefreshable(
             f"{entry['defense']} calibrates its noise to a target epsilon: rebuild from runs"
