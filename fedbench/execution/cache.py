@@ -28,10 +28,13 @@ again once the lock is held, so a process that waited loads the entry the other 
 that is not in the cache likewise (`locks/artifact-<hash>.lock`). `--force` takes the run lock too (two
 writers never race on one entry); without a cache nothing is locked.
 
-Code: a run entry stores the digests of its plugins' code (`fedbench.execution.sources`) and an artifact entry
-the digest of the module that computed it; an entry computed by code that has changed since (a plugin
-edited without a `version` bump) is recomputed with one warning line. The digests are not part of the
-key, so run ids stay stable. Entries from before digests were stored have none and are served.
+Code: a run entry stores the digests of the code that computed it (`fedbench.execution.sources`: its
+plugins' code and the engine's: the FL simulation, the runner's compute functions, ...) and an artifact
+entry the digest of the module that computed it; an entry computed by code that has changed since (a
+plugin or `fedbench/fl/simulation.py` edited without a `version` bump) is recomputed under its lock with
+one warning line naming what changed. The digests are not part of the key, so run ids stay stable.
+Entries from before a digest was stored have none and are served: before digests at all, and before
+the engine's (a cache filled by an earlier fedbench stays usable).
 
 Ownership: the cache directory is marked by a CACHEDIR.TAG (`fedbench.execution.paths.open_cache_dir`); a
 folder fedbench did not create is refused, `clear_cache` deletes only fedbench's entries, and an
@@ -141,11 +144,23 @@ def _load_or_compute_once(
 ) -> tuple[Any, bool]:
     """`_load_or_compute` across processes: on a miss another process sharing this cache may be computing
     the same entry, so `lock` (its per-entry lock) is taken first and the cache checked again once held,
-    loading the entry that process wrote. A hit takes no lock."""
+    loading the entry that process wrote. A valid hit takes no lock. An entry that is stale or damaged
+    is replaced under the lock too, like a miss: two processes that find it replace it once."""
     if func.check_call_in_cache(*args):
-        return _load_or_compute(func, args, what, key, warnings, validate)
+        try:
+            return _load_valid(func, args, validate), True
+        except Exception:  # stale, damaged or deleted meanwhile: checked again (and said) under the lock
+            pass
     with lock:
         return _load_or_compute(func, args, what, key, warnings, validate)
+
+
+def _load_valid(func: Any, args: tuple, validate: Callable[[Any], None] | None) -> Any:
+    """The stored value of a joblib-memoised call, checked by `validate`; raises when it fails."""
+    value = func.call_and_shelve(*args).get()
+    if validate is not None:
+        validate(value)
+    return value
 
 
 def _load_or_compute(
@@ -187,27 +202,36 @@ def _check_run_result(value: Any) -> None:
 
 
 def _run_validator(job: Any, attack: bool) -> Callable[[Any], None]:
-    """Checks a cached run result: readable, and computed by the plugin code loaded now.
+    """Checks a cached run result: readable, and computed by the code loaded now.
 
-    The result stores `code`, the digests of its plugins' code (`fedbench.execution.sources.code_digests`);
-    one that differs from the code loaded now raises StaleEntry naming the plugins that changed. An
-    entry written before digests were stored has none and is served as before.
+    The result stores `code`, the digests of its plugins' and the engine's code
+    (`fedbench.execution.sources.code_digests`); one that differs from the code loaded now raises
+    StaleEntry naming what changed. An entry written before a digest was stored has none for it and is
+    served as before (`fedbench.execution.sources.changed_code`).
     """
     spec = getattr(job, "spec", None)
 
     def validate(value: Any) -> None:
         _check_run_result(value)
-        stored = value.get("code")
-        if spec is None or not isinstance(stored, dict):
+        if spec is None:
             return
-        from fedbench.execution.sources import code_digests
+        from fedbench.execution.sources import changed_code
 
-        now = code_digests(spec, attack)
-        changed = [f"{kind} '{getattr(spec, kind).name}'" for kind in now if stored.get(kind) != now[kind]]
+        changed = changed_code(spec, value.get("code"), attack)
         if changed:
-            raise StaleEntry(f"the code of {', '.join(changed)} changed since it was computed")
+            raise StaleEntry(f"the code of {changed} changed since it was computed")
 
     return validate
+
+
+def _read_code_now(job: Any, attack: bool) -> None:
+    """Read the digests of the code a run uses when the run starts (each once per process), not when its
+    computation ends: a file edited while a long run computes does not stamp the old numbers as new."""
+    spec = getattr(job, "spec", None)
+    if spec is not None:
+        from fedbench.execution.sources import code_digests
+
+        code_digests(spec, attack)
 
 
 class CacheWarning(UserWarning):
@@ -266,6 +290,7 @@ class RunCache:
             return compute(job), False
         func = self._funcs[what]
         args = (key, job, compute)
+        _read_code_now(job, attack=what == "attack")
         if self.force:
             with self._locked(what, key):
                 return func.call(*args)[0], False
