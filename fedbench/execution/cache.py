@@ -28,10 +28,14 @@ again once the lock is held, so a process that waited loads the entry the other 
 that is not in the cache likewise (`locks/artifact-<hash>.lock`). `--force` takes the run lock too (two
 writers never race on one entry); without a cache nothing is locked.
 
-Code: a run entry stores the digests of its plugins' code (`fedbench.execution.sources`) and an artifact entry
-the digest of the module that computed it; an entry computed by code that has changed since (a plugin
-edited without a `version` bump) is recomputed with one warning line. The digests are not part of the
-key, so run ids stay stable. Entries from before digests were stored have none and are served.
+Code: a run entry stores the digests of the code that computed it (`fedbench.execution.sources`: its
+plugins' code and the engine's: the FL simulation, the runner's compute functions, ...) and an artifact
+entry the digest of the module that computed it; an entry computed by code that has changed since (a
+plugin or `fedbench/fl/simulation.py` edited without a `version` bump) is recomputed under its lock with
+one warning line naming what changed. The digests are not part of the key, so run ids stay stable.
+Entries from before a digest was stored have none and are served: before digests at all, and before
+the engine's (a cache filled by an earlier fedbench stays usable). `prune_stale` (`fedbench cache prune
+--stale`) deletes the run entries whose stored digests differ from the code loaded now.
 
 Ownership: the cache directory is marked by a CACHEDIR.TAG (`fedbench.execution.paths.open_cache_dir`); a
 folder fedbench did not create is refused, `clear_cache` deletes only fedbench's entries, and an
@@ -48,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbench.errors import FedbenchError
-from fedbench.execution.locks import LOCK_SUFFIX, LOCKS_DIR, exclusive, lock_path
+from fedbench.execution.locks import LOCK_SUFFIX, LOCKS_DIR, exclusive, exclusive_if_free, lock_path
 from fedbench.execution.paths import (
     CACHE_MARKER,
     DATA_DIR,
@@ -141,11 +145,24 @@ def _load_or_compute_once(
 ) -> tuple[Any, bool]:
     """`_load_or_compute` across processes: on a miss another process sharing this cache may be computing
     the same entry, so `lock` (its per-entry lock) is taken first and the cache checked again once held,
-    loading the entry that process wrote. A hit takes no lock."""
+    loading the entry that process wrote. A valid hit takes no lock. An entry that is stale or damaged
+    is replaced under the lock too, like a miss: two processes that find it replace it once, and
+    `prune_stale` never deletes an entry while it is being rewritten."""
     if func.check_call_in_cache(*args):
-        return _load_or_compute(func, args, what, key, warnings, validate)
+        try:
+            return _load_valid(func, args, validate), True
+        except Exception:  # stale, damaged or deleted meanwhile: checked again (and said) under the lock
+            pass
     with lock:
         return _load_or_compute(func, args, what, key, warnings, validate)
+
+
+def _load_valid(func: Any, args: tuple, validate: Callable[[Any], None] | None) -> Any:
+    """The stored value of a joblib-memoised call, checked by `validate`; raises when it fails."""
+    value = func.call_and_shelve(*args).get()
+    if validate is not None:
+        validate(value)
+    return value
 
 
 def _load_or_compute(
@@ -187,27 +204,36 @@ def _check_run_result(value: Any) -> None:
 
 
 def _run_validator(job: Any, attack: bool) -> Callable[[Any], None]:
-    """Checks a cached run result: readable, and computed by the plugin code loaded now.
+    """Checks a cached run result: readable, and computed by the code loaded now.
 
-    The result stores `code`, the digests of its plugins' code (`fedbench.execution.sources.code_digests`);
-    one that differs from the code loaded now raises StaleEntry naming the plugins that changed. An
-    entry written before digests were stored has none and is served as before.
+    The result stores `code`, the digests of its plugins' and the engine's code
+    (`fedbench.execution.sources.code_digests`); one that differs from the code loaded now raises
+    StaleEntry naming what changed. An entry written before a digest was stored has none for it and is
+    served as before (`fedbench.execution.sources.changed_code`).
     """
     spec = getattr(job, "spec", None)
 
     def validate(value: Any) -> None:
         _check_run_result(value)
-        stored = value.get("code")
-        if spec is None or not isinstance(stored, dict):
+        if spec is None:
             return
-        from fedbench.execution.sources import code_digests
+        from fedbench.execution.sources import changed_code
 
-        now = code_digests(spec, attack)
-        changed = [f"{kind} '{getattr(spec, kind).name}'" for kind in now if stored.get(kind) != now[kind]]
+        changed = changed_code(spec, value.get("code"), attack)
         if changed:
-            raise StaleEntry(f"the code of {', '.join(changed)} changed since it was computed")
+            raise StaleEntry(f"the code of {changed} changed since it was computed")
 
     return validate
+
+
+def _read_code_now(job: Any, attack: bool) -> None:
+    """Read the digests of the code a run uses when the run starts (each once per process), not when its
+    computation ends: a file edited while a long run computes does not stamp the old numbers as new."""
+    spec = getattr(job, "spec", None)
+    if spec is not None:
+        from fedbench.execution.sources import code_digests
+
+        code_digests(spec, attack)
 
 
 class CacheWarning(UserWarning):
@@ -266,6 +292,7 @@ class RunCache:
             return compute(job), False
         func = self._funcs[what]
         args = (key, job, compute)
+        _read_code_now(job, attack=what == "attack")
         if self.force:
             with self._locked(what, key):
                 return func.call(*args)[0], False
@@ -382,3 +409,99 @@ def clear_cache(location: str | Path) -> list[str]:
 def _is_lock_file(name: str) -> bool:
     """Whether a file name in `<cache>/locks` is a run lock fedbench writes there."""
     return name.endswith(LOCK_SUFFIX) and name.split("-", 1)[0] in ("utility", "attack")
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What `prune_stale` did (or, without `remove`, would do) in the cache at `location`.
+
+    `stale` entries were computed by code that has changed since (their stored digests differ from the
+    code loaded now): removed, freeing `stale_bytes`. Left: `busy` stale entries whose lock another
+    process held (it is computing or rewriting them), `fresh` entries (computed by the code loaded now,
+    or from before digests were stored: they are served), and `unchecked` ones (a plugin not loaded in
+    this process, such as a `--plugin` file's; an unreadable entry, which is recomputed when used).
+    """
+
+    location: str
+    stale: int
+    stale_bytes: int
+    busy: int
+    fresh: int
+    unchecked: int
+
+
+def prune_stale(location: str | Path, remove: bool = True) -> PruneReport:
+    """Delete the run entries of the cache at `location` whose code changed; nothing else.
+
+    Such an entry is never served again by this code (it would be recomputed, with a warning), but it
+    stays on disk until then. An entry is deleted while this process holds its run lock, taken without
+    waiting, and after checking it again under the lock; one whose lock another process holds is left
+    (`busy`). Artifacts are not checked: an artifact entry records the digest of its code, not which
+    code that is (each is recomputed when next used if stale). `remove=False` only counts.
+
+    A folder that is neither a fedbench cache nor empty raises NotACacheError; a missing one holds nothing.
+    """
+    location = Path(location)
+    counts = dict.fromkeys(("stale", "stale_bytes", "busy", "fresh", "unchecked"), 0)
+    if location.exists() and any(location.iterdir()):
+        if not is_cache_dir(location):
+            raise not_a_cache(location)
+        for what, func in (("utility", _utility_entry), ("attack", _attack_entry)):
+            folder = location / JOBLIB_DIR / Path(*func.__module__.split(".")) / func.__name__
+            entries = sorted(d for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+            for entry in entries:
+                verdict, key = _entry_verdict(entry, what)
+                if verdict != "stale" or not remove:
+                    counts[verdict] += 1
+                    counts["stale_bytes"] += _size(entry) if verdict == "stale" else 0
+                    continue
+                with exclusive_if_free(lock_path(location, what, _run_id(key))) as held:
+                    verdict = _entry_verdict(entry, what)[0] if held else "busy"  # again, under the lock
+                    size = _size(entry) if verdict == "stale" else 0
+                    if verdict == "stale":
+                        shutil.rmtree(entry)
+                counts[verdict] += 1
+                counts["stale_bytes"] += size
+    return PruneReport(str(location), **counts)
+
+
+def _entry_verdict(entry: Path, what: str) -> tuple[str, str]:
+    """("stale" | "fresh" | "unchecked", the entry's key) of a run entry folder of the joblib store."""
+    import ast
+    import json
+
+    import joblib
+
+    from fedbench.execution.sources import changed_code
+
+    try:
+        meta = json.loads((entry / "metadata.json").read_text(encoding="utf-8"))
+        key = ast.literal_eval(meta["input_args"]["key"])  # joblib stores the repr of each argument
+        spec = _plugins_of(json.loads(key))
+        value = joblib.load(entry / "output.pkl")
+    except Exception:  # half-written, damaged, or a plugin that is not loaded here: not this command's
+        return "unchecked", ""
+    if not isinstance(value, dict):
+        return "unchecked", key
+    return ("stale" if changed_code(spec, value.get("code"), attack=what == "attack") else "fresh"), key
+
+
+def _plugins_of(key: dict[str, Any]) -> Any:
+    """The plugin names of a run key, as `changed_code` reads them from a spec (`spec.defense.name`), the
+    parameters left unchecked (a parameter a plugin no longer has changes no digest)."""
+    from types import SimpleNamespace
+
+    from fedbench.registry import registry_for
+
+    def part(kind: str) -> Any:
+        name = key[kind]["name"] if key.get(kind) else None
+        return SimpleNamespace(kind=kind, name=registry_for(kind).get(name).name) if name else None
+
+    return SimpleNamespace(**{kind: part(kind) for kind in ("dataset", "model", "defense", "attack")})
+
+
+def _size(folder: Path) -> int:
+    try:
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    except OSError:  # rewritten or removed meanwhile by a run of another process
+        return 0

@@ -20,6 +20,9 @@ nor without a cache (`--no-cache`).
   the artifacts it uses; those dependencies have no cycle, and no artifact holder waits for a run
   lock, so no wait can close a cycle. Waiting can be interrupted: Ctrl-C and the run's timeout alarm
   raise through `flock`.
+- `fedbench cache prune --stale` deletes an entry only while it holds that entry's lock, taken without
+  waiting (`exclusive_if_free`): an entry whose lock another process holds is being computed or
+  rewritten, and is left.
 - Where `fcntl` does not exist (Windows) nothing is locked: concurrent processes compute a shared run
   twice, as before locks existed, and write equal entries.
 """
@@ -56,14 +59,38 @@ def exclusive(path: Path) -> Iterator[None]:
         _release(path, fd)
 
 
-def _acquire(path: Path, fcntl) -> int:
-    """An open descriptor holding the lock on the file that is at `path` now."""
+@contextmanager
+def exclusive_if_free(path: Path) -> Iterator[bool]:
+    """`exclusive` without waiting: holds the lock for the block and gives True, or gives False at once
+    (holding nothing) when another process holds it. Without `fcntl`, True, unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield True
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = _acquire(path, fcntl, wait=False)
+    if fd is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _release(path, fd)
+
+
+def _acquire(path: Path, fcntl, wait: bool = True) -> int | None:
+    """An open descriptor holding the lock on the file that is at `path` now; without `wait`, None at once
+    when another process holds it."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while another process holds it
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)  # waits while held
             if _same_file(fd, path):
                 return fd
+        except BlockingIOError:  # held, and not waiting
+            os.close(fd)
+            return None
         except BaseException:  # Ctrl-C or the run's timeout while waiting: nothing is held
             os.close(fd)
             raise

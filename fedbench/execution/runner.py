@@ -202,7 +202,7 @@ def compute_utility(job: Job) -> dict[str, Any]:
         "n_train": len(sim.y_train),  # what the accountant needs (computed per row, outside the cache)
         "seconds": time.perf_counter() - start,
         "device": device,
-        "code": code_digests(spec, attack=False),  # a cached entry from other plugin code is recomputed
+        "code": code_digests(spec, attack=False),  # an entry from other plugin or engine code: recomputed
     }
 
 
@@ -329,7 +329,7 @@ def compute_attack(job: Job) -> dict[str, Any]:
         },
         "seconds": time.perf_counter() - start,
         "device": device,
-        "code": code_digests(spec, attack=True),  # a cached entry from other plugin code is recomputed
+        "code": code_digests(spec, attack=True),  # an entry from other plugin or engine code: recomputed
     }
 
 

@@ -1,24 +1,54 @@
-"""Source digests of plugin code: what a cached result was computed with.
+"""Source digests: what a cached result was computed with, so that edited code is never served.
 
 A cached run is keyed by its parameters and its plugins' `version` strings (the `run_id`), so editing
-a plugin without bumping `version` would serve the old result. Each cache entry therefore stores a
-digest of the code of every plugin it ran (`code_digests`), and the cache refuses an entry whose digest
-differs from the code loaded now: it recomputes it and says so in one warning line
-(`fedbench.execution.cache`).
-The digest is not part of the `run_id`, so run ids (and the leaderboards and READMEs that cite them)
-stay stable across edits.
+code without bumping a `version` would serve the old result. Each run entry therefore stores `code`, the
+digests of the code that computed it (`code_digests`), and the cache refuses an entry whose digests
+differ from the code loaded now: it recomputes it and says so in one warning line naming what changed
+(`fedbench.execution.cache`; `fedbench cache prune --stale` deletes such entries). The digests are not
+part of the `run_id`, so run ids (and the leaderboards and READMEs that cite them) stay stable across
+edits.
 
-A plugin's digest covers the module that defines its class and the modules of its base classes, and,
-transitively, every module they import from fedbench's plugin packages (`SCOPE`: attacks, defenses,
-models, data, fl, metrics), wherever in the module the import sits. A plugin loaded from a file
-(`--plugin path.py`) or an entry point is covered the same way: its own module and the fedbench
-modules it imports (its imports of other packages are not followed). Framework modules (api, runner,
-spec, ...) are not covered: a change there is a fedbench release, not a plugin edit.
+Plugins. A plugin's digest covers the module that defines its class and the modules of its base
+classes, and, transitively, every module they import from fedbench's plugin packages (`SCOPE`: attacks,
+defenses, models, data, fl, metrics), wherever in the module the import sits. A plugin loaded from a file
+(`--plugin path.py`) or an entry point is covered the same way: its own module and the fedbench modules
+it imports (its imports of other packages are not followed).
 
-Each module is hashed from its compiled code without line numbers (docstrings dropped), so comments,
-blank lines, formatting and docstrings do not count (a digest is specific to the Python minor
-version); the digest of a module is computed once per process, from the file as it was when first
-needed (the code that runs).
+The engine. The numbers an entry records are also computed by code no plugin names: the FL simulation,
+the observation path, per-example gradients and ghost clipping, client partitioning, the plugin base
+classes' default hooks, and the runner's cached compute functions. An edit there (a server step that
+applies 0 x the update) changes every result, so each entry also stores `code["engine"]`
+(`engine_digests`), the digests of:
+- every module of `fedbench.fl` (`ENGINE_PACKAGES`: simulation, per_example, ghost, losses, seeding),
+  imported or not;
+- the definitions of `fedbench.execution.runner` that run inside the cache (`ENGINE_ROOTS`: the entry's
+  compute function, and `Job` and `Components`, whose methods it reaches through its argument), and,
+  followed by name, the definitions of the runner or of another framework module that their code uses
+  (`resolve_device`; `fedbench.spec.run.training_scenario`, what the utility run trains on): only
+  these, so editing the grid scheduler, the CLI or the accountant call (`runner._accounting`) keeps the
+  cache;
+- the modules these import from `ENGINE_SCOPE` (the plugin packages and `fedbench.plugin`), whole and
+  transitively: `fedbench.data` (dataset loading), `fedbench.data.partition` (client partitioning),
+  `fedbench.plugin` (the base classes' default hooks, `DatasetBundle.denormalize`), `fedbench.fl.*`.
+The utility entry and the attack entry each have their own (`compute_utility` or `compute_attack`), so
+an edit of the attack path keeps the cached trainings. Left out (`NOT_ENGINE`): this module (the digests
+it stores are not results) and `fedbench.errors` (a run that raises is never cached).
+
+Outside the cache, so never a reason to recompute: privacy metrics (`fedbench.metrics.attack_metrics`,
+called by the runner on the cached attack output) and epsilon (`runner._accounting`, from the defense's
+parameters, the scenario and the cached training-set size). A row always shows what the metric and
+accounting code loaded now give, computed from the cached result. A metric or accountant module that a
+plugin imports is in that plugin's digest all the same (a DP defense that calibrates its noise with the
+accountant computes inside the cache).
+
+Entries from before a digest was stored have none and are served: entries from before digests at all
+(no `code`), and entries from before the engine digest (no `code["engine"]`): a cache filled by an
+earlier fedbench stays usable (`--force` or `cache clear` recompute them).
+
+Each module (or definition) is hashed from its compiled code without line numbers (docstrings dropped),
+so comments, blank lines, formatting and docstrings do not count (a digest is specific to the Python
+minor version); the digest of a module is computed once per process, from the file as it was when first
+needed (the code that runs; the cache reads it before it computes a run).
 """
 
 from __future__ import annotations
@@ -29,6 +59,7 @@ import sys
 import threading
 import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +71,30 @@ SCOPE = (
     "fedbench.fl",
     "fedbench.metrics",
 )
+# Where the engine's module closure goes: the plugin packages and the base classes of `fedbench.plugin`.
+ENGINE_SCOPE = (*SCOPE, "fedbench.plugin")
+ENGINE_PACKAGES = ("fedbench.fl",)  # every module of these folders is in every engine digest
+RUNNER = "fedbench.execution.runner"
+# The runner's definitions that run inside each cached computation. `Job` and `Components` are reached
+# through the compute function's argument (`job.parts`, `job.bundle()`), which names do not show.
+ENGINE_ROOTS = {
+    "utility": ("compute_utility", "Job", "Components"),
+    "attack": ("compute_attack", "Job", "Components"),
+}
+# Framework modules whose definitions are never followed: the digests this module stores are not
+# results, and an exception class cannot change a cached number (a run that raises is never cached).
+NOT_ENGINE = ("fedbench.execution.sources", "fedbench.errors")
 
 _ROOT = Path(__file__).resolve().parent.parent  # the fedbench package folder
-_lock = threading.Lock()
-_modules: dict[str, tuple[str, frozenset[str]] | None] = {}  # name -> (digest, in-scope imports)
+_lock = threading.RLock()  # re-entrant: the engine digest takes module closures under it
+_modules: dict[str, tuple[str, frozenset[str]] | None] = {}  # name -> (digest, fedbench imports)
 _plugins: dict[Any, str] = {}  # plugin class -> digest of its code
+_definitions: dict[str, _Definitions | None] = {}  # framework module -> its top-level definitions
+_engine: dict[str, dict[str, str]] = {}  # "utility" | "attack" -> engine_digests
 
 
-def _in_scope(name: str) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in SCOPE)
+def _in_scope(name: str, scope: tuple[str, ...] = SCOPE) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in scope)
 
 
 def _source_file(name: str) -> Path | None:
@@ -135,7 +181,7 @@ def _code_digest(tree: ast.Module) -> str:
 
 
 def _module(name: str) -> tuple[str, frozenset[str]] | None:
-    """(digest of the module's code, the in-scope modules it imports), once per process."""
+    """(digest of the module's code, the fedbench modules it imports), once per process."""
     if name in _modules:
         return _modules[name]
     path = _source_file(name)
@@ -149,14 +195,14 @@ def _module(name: str) -> tuple[str, frozenset[str]] | None:
             info = (hashlib.sha256(raw).hexdigest(), frozenset())
         else:
             imports = _imports_and_strip_docstrings(tree, name, path.name == "__init__.py")
-            deps = frozenset(m for m in imports if _in_scope(m))
+            deps = frozenset(m for m in imports if m.startswith("fedbench."))  # filtered by each closure
             info = (_code_digest(tree), deps)
     _modules[name] = info
     return info
 
 
-def module_closure(roots: list[str]) -> dict[str, str]:
-    """{module: digest} of `roots` and, transitively, the in-scope modules they import."""
+def module_closure(roots: list[str], scope: tuple[str, ...] = SCOPE) -> dict[str, str]:
+    """{module: digest} of `roots` and, transitively, the modules they import within `scope`."""
     with _lock:
         seen: dict[str, str] = {}
         todo = list(roots)
@@ -168,7 +214,7 @@ def module_closure(roots: list[str]) -> dict[str, str]:
             if info is None:
                 continue
             seen[name] = info[0]
-            todo.extend(m for m in info[1] if m not in seen)
+            todo.extend(m for m in info[1] if m not in seen and _in_scope(m, scope))
         return seen
 
 
@@ -196,13 +242,192 @@ def plugin_digest(cls: type) -> str:
     return digest
 
 
-def code_digests(spec: Any, attack: bool) -> dict[str, str]:
-    """{kind: digest} of the plugins a run's cache entry depends on: dataset, model, defense, and the
-    attack when `attack` (the utility entry does not run the attack)."""
+def code_digests(spec: Any, attack: bool) -> dict[str, Any]:
+    """What a run's cache entry stores as `code`: {kind: digest} of the plugins it depends on (dataset,
+    model, defense, and the attack when `attack`: the utility entry does not run the attack), and
+    `engine`, {module or module:definition: digest} of the engine code its computation runs
+    (`engine_digests`)."""
     from fedbench.registry import registry_for
 
     parts = [spec.dataset, spec.model, spec.defense] + ([spec.attack] if attack and spec.attack else [])
-    return {c.kind: plugin_digest(registry_for(c.kind).get(c.name)) for c in parts}
+    out: dict[str, Any] = {c.kind: plugin_digest(registry_for(c.kind).get(c.name)) for c in parts}
+    out["engine"] = dict(engine_digests("attack" if attack else "utility"))  # the caller's own copy
+    return out
+
+
+def changed_code(spec: Any, stored: Any, attack: bool) -> str | None:
+    """What changed in the code of a run entry that stored `stored` as its `code`, in words ("defense
+    'dp-gaussian' and the engine (fedbench.fl.simulation)"), or None when nothing did.
+
+    Only what the entry recorded is compared: an entry from before digests (no `code`) or from before
+    the engine digest (no `engine`) is served, as the module docstring says.
+    """
+    if not isinstance(stored, dict):
+        return None
+    now = code_digests(spec, attack)
+    parts = [
+        f"{kind} '{getattr(spec, kind).name}'"
+        for kind in now
+        if kind != "engine" and stored.get(kind) != now[kind]
+    ]
+    engine = stored.get("engine")
+    if isinstance(engine, dict):
+        modules = sorted(
+            m for m in engine.keys() | now["engine"].keys() if engine.get(m) != now["engine"].get(m)
+        )
+        if modules:
+            shown = ", ".join(modules[:3]) + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
+            parts.append(f"the engine ({shown})")
+    return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or None
+
+
+# ------------------------------------------------------------------------------------------ the engine
+
+
+@dataclass(frozen=True)
+class _Definitions:
+    """A framework module's top-level definitions: {name: statements binding it} (docstrings dropped)
+    and {local name: what it imports (a module, or module.name)}."""
+
+    statements: dict[str, list[ast.stmt]]
+    imports: dict[str, str]
+
+
+def engine_digests(kind: str) -> dict[str, str]:
+    """{name: 16 hex digits} of the engine code that a `kind` ("utility" | "attack") entry's computation
+    runs (see the module docstring): modules by name, runner and other framework definitions as
+    `module:definition`. Computed once per process."""
+    with _lock:
+        cached = _engine.get(kind)
+        if cached is not None:
+            return cached
+        roots = [m for package in ENGINE_PACKAGES for m in _package_modules(package)]
+        digests, modules = _definition_closure(RUNNER, ENGINE_ROOTS[kind])
+        roots.extend(modules)
+        digests.update({m: d[:16] for m, d in module_closure(roots, ENGINE_SCOPE).items()})
+        _engine[kind] = digests
+        return digests
+
+
+def _package_modules(package: str) -> list[str]:
+    """The package and every module in its folder (sorted), without importing them."""
+    folder = _ROOT.joinpath(*package.split(".")[1:])
+    return [package] + [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py")) if p.stem != "__init__"]
+
+
+def _definition_closure(module: str, names: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+    """({module:definition: digest}, modules to follow) for definitions `names` of framework `module` and,
+    transitively, the definitions their code uses by name: of that module, and of other framework
+    modules it imports them from. A name imported from a module of `ENGINE_SCOPE` (or a module itself)
+    gives that module instead, hashed whole. A root that does not exist (renamed) hashes its module whole.
+    """
+    digests: dict[str, str] = {}
+    modules: list[str] = []
+    todo = [(module, name) for name in names]
+    seen: set[tuple[str, str]] = set()
+    while todo:
+        where, name = todo.pop()
+        if (where, name) in seen:
+            continue
+        seen.add((where, name))
+        defs = _module_definitions(where)
+        statements = defs.statements.get(name) if defs is not None else None
+        if not statements:
+            if where == module and name in names:  # a root went missing: be safe, take the whole module
+                modules.append(where)
+            continue
+        tree = ast.Module(body=statements, type_ignores=[])
+        digests[f"{where}:{name}"] = _code_digest(tree)[:16]
+        local = dict(defs.imports)
+        for node in statements:  # imports inside the definition (a function-level import)
+            local.update(_import_names(node, where, is_package=False))
+        for used in _code_names(tree):
+            if used in defs.statements and used not in local:
+                todo.append((where, used))
+            elif used in local:
+                target = local[used]
+                if not target.startswith("fedbench.") or _in_scope(target, NOT_ENGINE):
+                    continue
+                if _source_file(target) is not None or _in_scope(target, ENGINE_SCOPE):
+                    owner = target if _source_file(target) is not None else target.rpartition(".")[0]
+                    modules.append(owner)
+                else:
+                    owner, _, attr = target.rpartition(".")
+                    todo.append((owner, attr))
+    return digests, modules
+
+
+def _module_definitions(name: str) -> _Definitions | None:
+    """The top-level definitions of module `name` (once per process), or None without its source."""
+    if name in _definitions:
+        return _definitions[name]
+    path = _source_file(name)
+    out = None
+    if path is not None:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        if tree is not None:
+            is_package = path.name == "__init__.py"
+            _imports_and_strip_docstrings(tree, name, is_package)
+            statements: dict[str, list[ast.stmt]] = {}
+            imports: dict[str, str] = {}
+            for node in tree.body:
+                imports.update(_import_names(node, name, is_package))
+                for bound in _bound_names(node):
+                    statements.setdefault(bound, []).append(node)
+            out = _Definitions(statements, imports)
+    _definitions[name] = out
+    return out
+
+
+def _bound_names(node: ast.stmt) -> list[str]:
+    """The names a top-level statement defines (a function, a class, an assignment to a name)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
+def _import_names(node: ast.AST, module: str, is_package: bool) -> dict[str, str]:
+    """{local name: module or module.name} of the imports in `node` (at any depth of its statements)."""
+    out: dict[str, str] = {}
+    package = module if is_package else module.rpartition(".")[0]
+    for stmt in _statements(node):
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:  # `import a.b.c` binds `a`; its code uses a.b.c: count a.b.c
+                out[alias.asname or alias.name.partition(".")[0]] = alias.name
+        elif isinstance(stmt, ast.ImportFrom):
+            if stmt.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (stmt.level - 1)]) if stmt.level > 1 else package
+                source = f"{base}.{stmt.module}" if stmt.module else base
+            else:
+                source = stmt.module or ""
+            out.update({alias.asname or alias.name: f"{source}.{alias.name}" for alias in stmt.names})
+    return out
+
+
+def _code_names(tree: ast.AST) -> set[str]:
+    """Every name the code of `tree` reads, annotations left out (they run nothing: postponed)."""
+    out: set[str] = set()
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        for field, value in ast.iter_fields(node):
+            if field in ("annotation", "returns"):
+                continue
+            if isinstance(value, ast.AST):
+                todo.append(value)
+            elif isinstance(value, list):
+                todo.extend(v for v in value if isinstance(v, ast.AST))
+    return out
 
 
 def forget() -> None:
@@ -210,3 +435,5 @@ def forget() -> None:
     with _lock:
         _modules.clear()
         _plugins.clear()
+        _definitions.clear()
+        _engine.clear()
