@@ -66,7 +66,8 @@ def test_epsilon_command_names_an_unknown_board(tmp_path):
 
 
 def test_a_calibrated_defense_is_not_refreshed_from_its_entry():
-    entry = next(e for e in _entries(ROOT, "membership-mnist5k-mlp").values() if e["defense_name"] == "dp-sgd")
+    entries = _entries(ROOT, "membership-mnist5k-mlp").values()
+    entry = next(e for e in entries if e["defense_name"] == "dp-sgd")
     with pytest.raises(NotRefreshable, match="rebuild"):
         refresh_epsilon(entry)
 
