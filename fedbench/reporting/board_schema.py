@@ -194,6 +194,7 @@ class RankStability(FileModel):
     interval: Annotated[list[int], AfterValidator(_interval)]
     resamples: Annotated[int, Field(ge=1)]
     rng_seed: int
+    joint: bool = False  # one draw of the board's seeds for every configuration (before: one each)
 
 
 class Entry(FileModel):

@@ -1,11 +1,11 @@
 """A board's ranking: Pareto ranks on (utility ↑, worst-case leakage ↓) and how far to trust them.
 
 Rows are ranked by Pareto rank — rank 1 is the non-dominated front — ties broken by utility
-(`pareto_rank`, `ranked_order`, `ranked`). How far to trust a rank is estimated when the board is
-built, while the per-seed values are at hand (the entries keep only means): a bootstrap over seeds
-(`rank_stability`) gives each entry the share of resamples that reproduce its rank and the rank's
-95 % interval. It is shown only while it still describes the board's ranks (`stability_state`), as
-a table column (`stability_text`) and a README summary (`stability_note`).
+(`pareto_rank`, `ranked_order`, `ranked`). How far to trust a rank is estimated from the per-seed
+values (`board_stats.with_rank_stability`): a bootstrap over the board's seeds, resampled jointly for
+every configuration (`rank_stability`), gives each entry the share of resamples that reproduce its
+rank and the rank's 95 % interval. It is shown only while it still describes the board's ranks
+(`stability_state`), as a table column (`stability_text`) and a README summary (`stability_note`).
 
 This module sits below the rest of the leaderboard code: it knows the board and its entries, and
 `rounded`, the precision the entries keep their numbers at.
@@ -109,36 +109,71 @@ def pareto_ranks_batch(utility, leakage):
     return ranks
 
 
-def _resampled_means(values, picks):
-    """Per resample (a row of `picks`, indices into `values`), the mean of the picked values (NaN =
-    missing, left out; NaN when a resample picked only missing values), rounded as entries are."""
+def _resampled_means(values, picks, weights=None):
+    """Per resample (a row of `picks`, indices into `values`), the mean of the picked values, weighted
+    by `weights` when given (NaN = missing, left out), rounded as entries are. A resample that picked
+    none of the values present keeps the mean of all of them (it says nothing about this
+    configuration); NaN only when every value is missing."""
     import numpy as np
 
-    picked = np.asarray(values, dtype=float)[picks]
-    present = ~np.isnan(picked)
-    count = present.sum(axis=1)
-    total = np.where(present, picked, 0.0).sum(axis=1)
-    means = np.divide(total, count, out=np.full(len(picks), np.nan), where=count > 0)
+    values = np.asarray(values, dtype=float)
+    w = np.ones_like(values) if weights is None else np.asarray(weights, dtype=float)
+    w = np.where(np.isnan(values) | np.isnan(w), 0.0, w)
+    values = np.where(w > 0, values, 0.0)
+    count = w[picks].sum(axis=1)
+    total = (values * w)[picks].sum(axis=1)
+    full = float((values * w).sum() / w.sum()) if w.sum() > 0 else math.nan
+    means = np.divide(total, count, out=np.full(len(picks), full), where=count > 0)
     return np.array([math.nan if math.isnan(m) else rounded(float(m)) for m in means])
 
 
+def _by_seed(per_seed, seeds):
+    """(utility, leakage, weights) as (configurations, board seeds) arrays over the union of the seeds
+    (NaN where a configuration lacks a seed), and the union's labels."""
+    import numpy as np
+
+    labels = sorted({s for own in seeds for s in own})
+    column = {s: j for j, s in enumerate(labels)}
+    shape = (len(per_seed), len(labels))
+    util, leak, weights = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+    for i, (values, own) in enumerate(zip(per_seed, seeds, strict=True)):
+        u, lk, w = (*values, None) if len(values) == 2 else values
+        if len(u) != len(lk) or not len(u) or len(own) != len(u) or (w is not None and len(w) != len(u)):
+            raise ValueError(f"configuration {i}: one utility and one leakage value per seed, at least one")
+        cols = [column[s] for s in own]
+        util[i, cols], leak[i, cols] = u, lk
+        weights[i, cols] = 1.0 if w is None else w
+    return util, leak, weights, labels
+
+
 def rank_stability(
-    per_seed: Sequence[tuple[Sequence[float], Sequence[float]]],
+    per_seed: Sequence[tuple[Sequence[float], ...]],
     reported: Sequence[int],
     resamples: int = STABILITY_RESAMPLES,
     seed: int = STABILITY_SEED,
+    seeds: Sequence[Sequence[Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """How stable each configuration's Pareto rank is under resampling of its seeds (a bootstrap).
+    """How stable each configuration's Pareto rank is under resampling of the board's seeds (a bootstrap).
 
     `per_seed[i]` holds configuration i's per-seed utility and leakage (leakage signed so that lower is
-    less leakage, as `ranked` compares it; NaN = missing); `reported[i]` is the rank the board shows.
-    Each of `resamples` resamples draws every configuration's seeds with replacement (independently per
-    configuration, keeping a seed's utility and leakage together), recomputes the two means and the
-    Pareto ranks of all configurations. Per configuration: the share of resamples giving the reported
-    rank (`same_rank`) and the 95 % percentile interval of its rank (`interval`). This is the bootstrap
-    of a ranking of Hall & Miller (2009, "Using the bootstrap to quantify the authority of an empirical
-    ranking", Annals of Statistics 37(6B)), with the percentile interval of Efron & Tibshirani (1993,
-    "An Introduction to the Bootstrap", ch. 13); the RNG `seed` makes it reproducible.
+    less leakage, as `ranked` compares it; NaN = missing) and optionally per-seed weights of the
+    leakage (a rate's inputs, so a mean is the pooled k / n); `seeds[i]` labels them (default: position
+    j is seed j for every configuration); `reported[i]` is the rank the board shows.
+
+    A seed is the same data split, initialisation and victims for every configuration, so the seeds are
+    resampled jointly: each of `resamples` resamples draws the board's seeds (the union of the
+    configurations' seeds) with replacement once and applies that draw to every configuration, which
+    averages its values at the drawn seeds (a seed it lacks is left out; a configuration none of whose
+    seeds is drawn keeps its mean, so a one-seed configuration never moves). A seed's utility and
+    leakage stay together. Each resample
+    recomputes the means and the Pareto ranks of all configurations. Per configuration: the share of
+    resamples giving the reported rank (`same_rank`) and the 95 % percentile interval of its rank
+    (`interval`). This is the bootstrap of a ranking of Hall & Miller (2009, "Using the bootstrap to
+    quantify the authority of an empirical ranking", Annals of Statistics 37(6B)), with the percentile
+    interval of Efron & Tibshirani (1993, "An Introduction to the Bootstrap", ch. 13); the RNG `seed`
+    makes it reproducible. Drawn independently per configuration instead, a defense that beats
+    another on every seed could lose to it in a resample that pairs its hard seeds with the other's
+    easy ones.
 
     With few seeds the bootstrap distribution is coarse (3 seeds give 10 distinct resamples), so the
     share is an indication of how close a configuration sits to a neighbouring front, not a p-value.
@@ -149,16 +184,16 @@ def rank_stability(
         raise ValueError("one reported rank per configuration")
     if not per_seed:
         return []
+    if seeds is None:
+        seeds = [list(range(len(values[0]))) for values in per_seed]
+    util, leak, weights, labels = _by_seed(per_seed, seeds)
     rng = np.random.default_rng(seed)
-    util = np.empty((resamples, len(per_seed)))
-    leak = np.empty((resamples, len(per_seed)))
-    for i, (u, lk) in enumerate(per_seed):
-        if len(u) != len(lk) or not len(u):
-            raise ValueError(f"configuration {i}: one utility and one leakage value per seed, at least one")
-        picks = rng.integers(0, len(u), size=(resamples, len(u)))  # a seed's utility and leakage together
-        util[:, i] = _resampled_means(u, picks)
-        leak[:, i] = _resampled_means(lk, picks)
-    ranks = pareto_ranks_batch(util, leak)
+    picks = rng.integers(0, len(labels), size=(resamples, len(labels)))  # one draw for every configuration
+    util_means = np.stack([_resampled_means(u, picks) for u in util], axis=1)
+    leak_means = np.stack(
+        [_resampled_means(lk, picks, w) for lk, w in zip(leak, weights, strict=True)], axis=1
+    )
+    ranks = pareto_ranks_batch(util_means, leak_means)
     out = []
     for i, rank in enumerate(reported):
         lo, hi = np.quantile(ranks[:, i], [0.025, 0.975], method="inverted_cdf")
@@ -169,6 +204,7 @@ def rank_stability(
                 "interval": [int(lo), int(hi)],
                 "resamples": int(resamples),
                 "rng_seed": int(seed),
+                "joint": True,
             }
         )
     return out
@@ -205,7 +241,7 @@ def stability_state(board: Board, entries: list[dict[str, Any]]) -> bool | None:
     have = [e.get("rank_stability") for e in entries]
     if not any(have):
         return None
-    if not all(have) or len({(s["resamples"], s["rng_seed"]) for s in have}) > 1:
+    if not all(have) or len({(s["resamples"], s["rng_seed"], s.get("joint", False)) for s in have}) > 1:
         return False
     return all(e["rank_stability"]["rank"] == rank for rank, e in ranked(board, entries))
 
@@ -256,5 +292,6 @@ def stability_note(board: Board, entries: list[dict[str, Any]]) -> dict[str, Any
         "stale": False,
         "resamples": first["resamples"],
         "rng_seed": first["rng_seed"],
+        "joint": bool(first.get("joint")),
         "means": means,
     }
