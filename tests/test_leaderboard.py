@@ -9,7 +9,7 @@ import pytest
 from test_tables import make_rows, write_synthetic
 
 from fedbench.errors import FedbenchError
-from fedbench.reporting import board_build, board_schema, ranking
+from fedbench.reporting import board_schema, board_stats, ranking
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.tables import load_results
 
@@ -57,6 +57,8 @@ def test_entries_hold_numbers_seeds_run_ids_and_provenance(board_root):
         "n": 2,
         "attack": "ig",
         "per_input": False,  # no per-image scores in this results file
+        "selection": "per-seed max",
+        "per_seed": [15.0, 14.0],  # seeds 0 and 1: what rank stability and intervals are recomputed from
     }
     assert e["metrics"]["epsilon"] is None
     assert e["fedbench_version"] == "0.1.0" and e["date"] == "2026-01-02"
@@ -185,7 +187,7 @@ def _set(doc, path, value):
     "file,path,value,match",
     [
         ("entry", ("metrcis",), {}, r"has unknown key 'metrcis'; did you mean 'metrics'\?"),
-        ("entry", ("schema",), 2, r"none.json: schema 2 is not 1; re-export the board"),
+        ("entry", ("schema",), 3, r"none.json: schema 3 is not one of 1, 2; re-export the board"),
         ("entry", ("metrics", "test_acc"), _DELETE, r"none.json: metrics: missing key 'test_acc'"),
         ("entry", ("metrics", "test_acc", "n"), True, r"metrics.test_acc.n must be an integer, got True"),
         ("entry", ("metrics", "test_acc", "n"), 0, r"metrics.test_acc.n must be >= 1, got 0"),
@@ -319,8 +321,6 @@ def test_per_seed_values_are_those_the_board_averages(tmp_path):
     (several attacks), or the one attack's value (a one-attack suite); accuracy once per training."""
     import numpy as np
 
-    from fedbench.reporting.tables import pivot
-
     rows = make_rows(seeds=(0, 1))
     per_image = {r["run_id"]: {"psnr": [r["psnr"] + 1.0, r["psnr"] - 3.0]} for r in rows}
     for attacks, sidecar in (
@@ -330,11 +330,8 @@ def test_per_seed_values_are_those_the_board_averages(tmp_path):
         kept = [r for r in rows if r["attack"] in attacks]
         rs = load_results([write_synthetic(tmp_path / f"{len(attacks)}.csv", kept, sidecar)])
         board, entries = lb.build(rs)
-        ok = rs.frame[rs.frame["status"] == "ok"]
-        p = pivot(ok, metrics=["psnr", "utility_seconds"], rows=["defense"], per_image=rs.per_image)
-        values = board_build._per_seed(ok, p, "psnr", rs.per_image)
         for e in entries:
-            util, leak = values[e["defense"]]
+            util, leak, _inputs = board_stats.headline_per_seed(e, "psnr")
             assert len(util) == len(leak) == 2
             assert float(np.mean(util)) == pytest.approx(e["metrics"]["test_acc"]["mean"])
             assert float(np.mean(leak)) == pytest.approx(e["metrics"]["worst_case"]["psnr"]["mean"])

@@ -173,7 +173,7 @@ def test_epsilon_column_exists_even_when_empty(results):
 def test_worst_case_over_attacks_names_the_attack(results):
     rs = load_results([results])
     wc = worst_case(rs.frame, METRICS["psnr"], ["defense"])
-    got = {(k[0], s): (v, a) for k, s, v, a, _ in wc}
+    got = {(k[0], s): (v, a) for k, s, v, a, *_ in wc}
     assert got[("none", 0)] == (30.0, "idlg")
     assert got[("none", 1)] == (35.0, "ig")
     # not the average of attacks: mean over seeds of the per-seed maximum
@@ -192,10 +192,10 @@ def test_worst_case_is_per_input_when_per_image_scores_exist(tmp_path):
     rs = load_results([path])
     wc = {
         k[0]: (v, a, per)
-        for k, _, v, a, per in worst_case(rs.frame, METRICS["psnr"], ["defense"], rs.per_image)
+        for k, _, v, a, per, *_ in worst_case(rs.frame, METRICS["psnr"], ["defense"], rs.per_image)
     }
     assert wc["none"] == (35.0, "idlg", True)  # mean of max per image (40, 30), not max of means (25)
-    row_level = {k[0]: v for k, _, v, _, _ in worst_case(rs.frame, METRICS["psnr"], ["defense"])}
+    row_level = {k[0]: v for k, _, v, *_ in worst_case(rs.frame, METRICS["psnr"], ["defense"])}
     assert row_level["none"] == 25.0
 
 

@@ -1,11 +1,13 @@
 """From a results set to a board: `build` makes its definition (`Board`) and one entry per defense.
 
 Everything the board keeps about its runs is computed here, while the results are at hand: the
-metrics' means and spreads over seeds, the attacker's vantage points (victims pooled, observation
-points as attack columns: `observation_view`), the per-seed values the rank-stability bootstrap
-resamples, the privacy budget and audit of each entry (`_epsilon`), the headline's baseline
-(`headline_baseline`), the cost of the runs (`build_cost`) and the papers' numbers that concern the
-board (`match_reported`, `reported_records`). Writing and rendering the board are `leaderboard`'s.
+metrics' means over seeds with their intervals and per-seed values (`board_stats.stat_record`; a
+rate's inputs counted over pooled victims too), the attacker's vantage points (victims pooled,
+observation points as attack columns: `observation_view`), the privacy budget and audit of each
+entry (`_epsilon`), the headline's baseline (`headline_baseline`), the cost of the runs
+(`build_cost`) and the papers' numbers that concern the board (`match_reported`,
+`reported_records`); rank stability is then computed from the entries (`board_stats`). Writing and
+rendering the board are `leaderboard`'s.
 """
 
 from __future__ import annotations
@@ -18,34 +20,20 @@ from typing import Any
 from fedbench.errors import FedbenchError
 from fedbench.metrics.catalogue import METRICS, metric
 from fedbench.reporting.board_schema import SCHEMA_VERSION, Board, parse
-from fedbench.reporting.ranking import is_missing, rank_stability, ranked, rounded
+from fedbench.reporting.board_stats import headline_per_seed, stat_record, with_rank_stability
+from fedbench.reporting.intervals import INPUT_COLUMNS, inputs_column
+from fedbench.reporting.ranking import is_missing, rounded
 from fedbench.reporting.tables import (
+    ONLY_ATTACK,
+    RUNS_COLUMN,
     WORST,
-    Cell,
-    Pivot,
     ResultSet,
     apply_where,
     family_defaults,
     pivot,
+    row_inputs,
     slice_columns,
-    utility_frame,
-    worst_case,
 )
-
-
-def _stat(c: Cell | None) -> dict[str, Any] | None:
-    if c is None or c.value is None:
-        return None
-    out: dict[str, Any] = {
-        "mean": rounded(c.value),
-        "spread": rounded(c.spread),
-        "spread_kind": c.spread_kind,
-        "n": c.n,
-    }
-    if c.attack:
-        out["attack"] = c.attack
-        out["per_input"] = c.per_input
-    return out
 
 
 def _first(values) -> Any:
@@ -111,11 +99,69 @@ def build(
         agg="mean",
         per_image=per_image,
     )
-    values = _per_seed(view, p, headline, per_image)
     scenario = {c: _values(ok[c]) if c in varying else _first(ok[c]) for c in sl}
     sidecar = results.sidecars[-1] if results.sidecars else {}
     cost = build_cost(ok)
     families = {plugin_name(d) for d in ok["defense"]}
+    entries = []
+    for i, (key, _cells) in enumerate(p.rows):
+        defense = key[0]
+        runs = ok[ok["defense"] == defense]
+        seeds = sorted({int(s) for s in runs["seed"]})
+        params = {
+            c[len("p_defense_") :]: _first(runs[c])
+            for c in runs.columns
+            if c.startswith("p_defense_") and _first(runs[c]) is not None
+        }
+        leakage: dict[str, dict[str, Any]] = {}
+        worst: dict[str, Any] = {}
+        for col in p.columns:
+            if col.metric.kind != "leakage":
+                continue
+            stat = stat_record(p.cell(i, col.key), seeds)
+            if col.group == WORST:
+                worst[col.metric.name] = stat
+            else:
+                leakage.setdefault(col.group, {})[col.metric.name] = stat
+        # a metric one attack of the suite reports (a one-attack suite; a membership metric beside an
+        # attribute attack) has that attack's value as its worst case
+        reporters: dict[str, list[tuple[str, Any]]] = {}
+        for attack, stats in leakage.items():
+            for m, stat in stats.items():
+                reporters.setdefault(m, []).append((attack, stat))
+        for m, found in reporters.items():
+            if m not in worst and len(found) == 1:
+                attack, stat = found[0]
+                worst[m] = dict(stat, attack=attack, selection=ONLY_ATTACK) if stat else None
+        created = [str(x) for x in runs.get("created_at", []) if not is_missing(x)]
+        entries.append(
+            {
+                "schema": SCHEMA_VERSION,
+                "board": name,
+                "defense": defense,
+                "defense_name": str(_first(runs["defense_name"]) or defense.split("[")[0]),
+                "params": params,
+                "scenario": scenario,
+                "attack_suite": list(suite),
+                "seeds": seeds,
+                "run_ids": sorted(set(runs["run_id"])),
+                "metrics": {
+                    "test_acc": stat_record(p.cell(i, "test_acc"), seeds),
+                    "acc_drop": stat_record(p.cell(i, "acc_drop"), seeds),
+                    **_epsilon(runs),
+                    "leakage": leakage,
+                    "worst_case": worst,
+                    "cost": {
+                        "utility_seconds": rounded(p.cell(i, "utility_seconds").value),
+                        "attack_seconds": rounded(runs["attack_seconds"].mean())
+                        if "attack_seconds" in runs and runs["attack_seconds"].notna().any()
+                        else None,
+                    },
+                },
+                "fedbench_version": str(_first(runs.get("fedbench_version", [])) or ""),
+                "date": max(created)[:10] if created else "",
+            }
+        )
     board = parse(
         Board,
         {
@@ -132,7 +178,9 @@ def build(
             "substitution": str(sidecar.get("substitution") or ""),
             "views": tuple(f"{k}:{spec[k]}" for k in ("budget", "target") if spec.get(k)),
             "threat_model": str(spec.get("threat_model") or ""),
-            "baseline": headline_baseline(view, headline, values.get("none")) if suite else None,
+            "baseline": headline_baseline(view, headline, _none_per_seed(entries, headline))
+            if suite
+            else None,
             "build_seconds": None
             if cost is None
             else rounded(cost["utility_seconds"] + cost["attack_seconds"]),
@@ -142,107 +190,14 @@ def build(
         },
         f"board {name}",
     )
-    entries = []
-    for i, (key, _cells) in enumerate(p.rows):
-        defense = key[0]
-        runs = ok[ok["defense"] == defense]
-        params = {
-            c[len("p_defense_") :]: _first(runs[c])
-            for c in runs.columns
-            if c.startswith("p_defense_") and _first(runs[c]) is not None
-        }
-        leakage: dict[str, dict[str, Any]] = {}
-        worst: dict[str, Any] = {}
-        for col in p.columns:
-            if col.metric.kind != "leakage":
-                continue
-            stat = _stat(p.cell(i, col.key))
-            if col.group == WORST:
-                worst[col.metric.name] = stat
-            else:
-                leakage.setdefault(col.group, {})[col.metric.name] = stat
-        # a metric one attack of the suite reports (a one-attack suite; a membership metric beside an
-        # attribute attack) has that attack's value as its worst case
-        reporters: dict[str, list[tuple[str, Any]]] = {}
-        for attack, stats in leakage.items():
-            for m, stat in stats.items():
-                reporters.setdefault(m, []).append((attack, stat))
-        for m, found in reporters.items():
-            if m not in worst and len(found) == 1:
-                attack, stat = found[0]
-                worst[m] = dict(stat, attack=attack) if stat else None
-        created = [str(x) for x in runs.get("created_at", []) if not is_missing(x)]
-        entries.append(
-            {
-                "schema": SCHEMA_VERSION,
-                "board": name,
-                "defense": defense,
-                "defense_name": str(_first(runs["defense_name"]) or defense.split("[")[0]),
-                "params": params,
-                "scenario": scenario,
-                "attack_suite": list(suite),
-                "seeds": sorted({int(s) for s in runs["seed"]}),
-                "run_ids": sorted(set(runs["run_id"])),
-                "metrics": {
-                    "test_acc": _stat(p.cell(i, "test_acc")),
-                    "acc_drop": _stat(p.cell(i, "acc_drop")),
-                    **_epsilon(runs),
-                    "leakage": leakage,
-                    "worst_case": worst,
-                    "cost": {
-                        "utility_seconds": rounded(p.cell(i, "utility_seconds").value),
-                        "attack_seconds": rounded(runs["attack_seconds"].mean())
-                        if "attack_seconds" in runs and runs["attack_seconds"].notna().any()
-                        else None,
-                    },
-                },
-                "fedbench_version": str(_first(runs.get("fedbench_version", [])) or ""),
-                "date": max(created)[:10] if created else "",
-            }
-        )
-    shown = {e["defense"]: rank for rank, e in ranked(board, entries)}
-    labels = [e["defense"] for e in entries]
-    stability = rank_stability([values[d] for d in labels], [shown[d] for d in labels])
-    for entry, stable in zip(entries, stability, strict=True):
-        entry["rank_stability"] = stable
+    with_rank_stability(board, entries)
     return board, entries
 
 
-def _per_seed(ok, p: Pivot, headline: str, per_image) -> dict[str, tuple[list[float], list[float]]]:
-    """defense -> (test_acc per seed, headline leakage per seed signed as `ranked` compares it), over the
-    union of the defense's seeds (NaN where a seed has no value): the values the board's means average.
-
-    The leakage is the worst case over the suite, taken as the pivot took it (`worst_case`, per input
-    image when per-image scores exist) when the board has a worst-case column of the headline, else the
-    value of the one attack reporting it; none (NaN) on a board without an attack suite.
-    """
-    import numpy as np
-
-    util = utility_frame(ok, ["defense"])
-    m = metric(headline)
-    per_seed_leak: dict[tuple[str, int], list[float]] = {}
-    cols = [c for c in p.columns if c.metric.name == m.name]
-    if any(c.group == WORST for c in cols):
-        for key, seed, value, _attack, _per_input in worst_case(ok, m, ["defense"], per_image):
-            per_seed_leak.setdefault((key[0], int(seed)), []).append(value)
-    elif len(cols) == 1 and cols[0].group:
-        rows = ok[(ok["attack"] == cols[0].group) & ok[m.name].notna()]
-        for defense, seed, value in zip(rows["defense"], rows["seed"], rows[m.name], strict=True):
-            per_seed_leak.setdefault((str(defense), int(seed)), []).append(float(value))
-    acc = util.dropna(subset=["test_acc"]).groupby(["defense", "seed"])["test_acc"].mean()
-    per_seed_acc = {(str(d), int(s)): float(v) for (d, s), v in acc.items()}
-    out = {}
-    for defense in dict.fromkeys(ok["defense"]):
-        seeds = sorted({int(s) for s in ok.loc[ok["defense"] == defense, "seed"]})
-        u = [per_seed_acc.get((defense, s), math.nan) for s in seeds]
-        lk = [
-            float(np.mean(per_seed_leak[(defense, s)])) * m.leakage_sign
-            if (defense, s) in per_seed_leak
-            else math.nan
-            for s in seeds
-        ]
-        out[defense] = (u, lk)
-    return out
+def _none_per_seed(entries: list[dict[str, Any]], headline: str) -> tuple[list[float], list[float]] | None:
+    """The `none` entry's per-seed accuracy and headline leakage (`board_stats.headline_per_seed`)."""
+    none = next((e for e in entries if e["defense"] == "none"), None)
+    return None if none is None else headline_per_seed(none, headline)[:2]
 
 
 # --------------------------------------------------------------------- observation points on a board
@@ -300,18 +255,36 @@ def observation_view(ok, per_image: dict[str, dict[str, list]], varying: Sequenc
     out_images = dict(per_image)
     rows = []
     numeric = [c for c in view.columns if c in METRICS]
+    counts = [c for c in view.columns if c in INPUT_COLUMNS]
+    columns = [*view.columns, *([] if RUNS_COLUMN in view else [RUNS_COLUMN])]
     for _key, grp in view[attacked].groupby(["defense", "attack", "seed"], sort=False, dropna=False):
         grp = grp.sort_values(pooled[0], key=lambda col: col.map(str))
         row = grp.iloc[0].copy()
         if len(grp) > 1:
             for c in numeric:
-                vals = pd.to_numeric(grp[c], errors="coerce")
-                row[c] = float(vals.mean()) if vals.notna().any() else math.nan
+                row[c] = _pooled_value(grp, c)
+            for c in counts:  # a rate's inputs: the victims' together
+                row[c] = float(pd.to_numeric(grp[c], errors="coerce").sum(min_count=len(grp)))
             row["run_id"] = "+".join(grp["run_id"])
             out_images[row["run_id"]] = _pooled_images(grp, per_image)
+        row[RUNS_COLUMN] = float(len(grp))
         rows.append(row)
-    merged = pd.DataFrame(rows, columns=view.columns) if rows else view.iloc[0:0]
+    merged = pd.DataFrame(rows, columns=columns) if rows else view.iloc[0:0]
     return pd.concat([merged, view[~attacked]], ignore_index=True), out_images
+
+
+def _pooled_value(grp, column: str) -> float:
+    """A metric of a victim-pooled row: the victims' mean; for a rate whose inputs every victim run
+    counts, the pooled share (k / n over the victims together)."""
+    import pandas as pd
+
+    vals = pd.to_numeric(grp[column], errors="coerce")
+    if not vals.notna().any():
+        return math.nan
+    inputs = row_inputs(grp, inputs_column(METRICS[column]))
+    if vals.notna().all() and all(n is not None for n in inputs) and sum(inputs) > 0:
+        return float(sum(v * n for v, n in zip(vals, inputs, strict=True)) / sum(inputs))
+    return float(vals.mean())
 
 
 def _as_int(v: Any) -> Any:
@@ -429,14 +402,10 @@ def headline_baseline(view, headline: str, none_values: tuple[list[float], list[
         return max(v, 1 - v) if column == "mia_base_rate" else v
 
     out: dict[str, Any] = {"metric": m.name, "value": rounded(value), "kind": kind, "column": column}
-    if none_values is not None:  # per seed of `none`, as `_per_seed` lists them
+    if none_values is not None:  # per seed of `none`, as its entry lists them (`_none_per_seed`)
         seeds = sorted({int(s) for s in view.loc[view["defense"] == "none", "seed"]})
         leak = none_values[1]
-        gaps = [
-            lk * m.leakage_sign - seed_base(s)
-            for s, lk in zip(seeds, leak, strict=False)
-            if not math.isnan(lk)
-        ]
+        gaps = [lk - seed_base(s) for s, lk in zip(seeds, leak, strict=False) if not math.isnan(lk)]
         if gaps:
             arr = np.asarray(gaps, dtype=float)
             gap: dict[str, Any] = {"mean": rounded(float(arr.mean())), "n": len(gaps)}

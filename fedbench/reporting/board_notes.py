@@ -20,6 +20,8 @@ from fedbench.errors import FedbenchError
 from fedbench.metrics.catalogue import METRICS, Metric, metric
 from fedbench.reporting.board_build import POOLED_OBSERVATION, match_reported, plugin_name, reported_records
 from fedbench.reporting.board_schema import Board
+from fedbench.reporting.board_stats import stat_cell
+from fedbench.reporting.tables import HELD_OUT, IN_SAMPLE, ONLY_ATTACK, PER_INPUT, PER_SEED
 
 # --------------------------------------------------------------------------------- epsilon and audit
 
@@ -174,7 +176,10 @@ def baseline_note(board: Board, entries: list[dict[str, Any]]) -> str | None:
     stat = ((none or {}).get("metrics", {}).get("worst_case") or {}).get(b.metric) if none else None
     if not stat:
         return text
-    spread = f" ± {_num_text(m, stat['spread'])}" if stat.get("spread") is not None else ""
+    if stat_cell(stat).bracketed:  # a rate's interval, or one the range clipped
+        spread = f" [{_num_text(m, stat['low'])}, {_num_text(m, stat['high'])}]"
+    else:
+        spread = f" ± {_num_text(m, stat['spread'])}" if stat.get("spread") is not None else ""
     text += f" No defense, worst case: {_num_text(m, stat['mean'])}{spread}{_unit(m)}"
     if b.gap is None:
         return text + "."
@@ -230,15 +235,44 @@ def failures_note(board: Board) -> str | None:
     return "Failed runs, not in the means: " + "; ".join(parts) + "."
 
 
-def worst_rule(entries: list[dict[str, Any]], headline: str) -> str:
+_SELECTION_RULES = {
+    PER_SEED: "the leakiest attack per run, averaged over seeds",
+    HELD_OUT: (
+        "on each seed, the value of the attack with the highest mean over the other seeds, averaged over "
+        "seeds; the attack is chosen out of sample, so that the noise of attacks near chance does not "
+        "count as leakage"
+    ),
+    IN_SAMPLE: "the leakiest attack of the one seed (none held out to choose it on: may overstate leakage)",
+    ONLY_ATTACK: "the value of the one attack of the suite that reports it",
+}
+
+
+def _worst_stats(entries: list[dict[str, Any]], headline: str) -> list[dict[str, Any]]:
     stats = [(e["metrics"].get("worst_case") or {}).get(headline) for e in entries]
-    stats = [st for st in stats if st]
+    return [st for st in stats if st]
+
+
+def worst_rule(entries: list[dict[str, Any]], headline: str) -> str:
+    """How the worst case over the suite is taken: per input image (AutoAttack's rule), or by the
+    selection the entries record (`tables.SELECTIONS`; entries before it: the leakiest attack per run)."""
+    stats = _worst_stats(entries, headline)
     pooled = any(isinstance(e["scenario"].get(c), list) for e in entries[:1] for c in POOLED_OBSERVATION)
     if stats and all(st.get("per_input") for st in stats):
         if pooled:
             return "taken per input image of each victim, then averaged over victims' images and seeds"
         return "taken per input image, then averaged over images and seeds"
+    selections = sorted({st["selection"] for st in stats if st.get("selection")} - {PER_INPUT})
+    if selections:
+        return "; or ".join(_SELECTION_RULES.get(s, s) for s in selections)
     return "the leakiest attack per run, averaged over seeds"
+
+
+def worst_attack_named(entries: list[dict[str, Any]], headline: str) -> str:
+    """Which attack a worst-case cell names: the one that won most inputs, or chosen on most seeds."""
+    stats = _worst_stats(entries, headline)
+    if any(st.get("selection") in (HELD_OUT, IN_SAMPLE) for st in stats):
+        return "the attack chosen on most seeds"
+    return "the attack that achieved it (on most inputs)"
 
 
 # ------------------------------------------------------------------------------- the papers' numbers

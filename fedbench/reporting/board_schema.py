@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
-from fedbench.metrics.catalogue import Threshold
+from fedbench.metrics.catalogue import METRICS, Threshold, metric
+from fedbench.reporting.intervals import value_range
 from fedbench.spec.schema import FileModel, MetricName, Model, Syntax, dotted, field_error, invalid, validate
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# the versions read: 1 (means and spreads only) renders as it always did; 2 adds the intervals inside
+# the metric's range, a rate's counts, the per-seed values and how a worst case chose its attack
+READ_VERSIONS = (1, 2)
 
 JSON = Syntax(place=dotted, table="an object", missing="missing key '{key}'")
 
@@ -26,8 +30,10 @@ def parse(model: type[Model], data: Any, where: str) -> Model:
 
 
 def _current(version: int) -> int:
-    if version != SCHEMA_VERSION:
-        raise invalid(f"schema {version} is not {SCHEMA_VERSION}; re-export the board")
+    if version not in READ_VERSIONS:
+        raise invalid(
+            f"schema {version} is not one of {', '.join(map(str, READ_VERSIONS))}; re-export the board"
+        )
     return version
 
 
@@ -129,9 +135,18 @@ class Board(FileModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+Count = Annotated[float, Field(ge=0, strict=False)]  # a number of successes or inputs (an int in JSON)
+PerSeed = Annotated[list[float | None], Field(strict=False)]
+
+
 class Stat(FileModel):
-    """A metric aggregated over seeds: mean ± spread (std or 95% CI half-width) over n seeds. Like every
-    float of a `FileModel`, mean and spread are finite numbers."""
+    """A metric aggregated over seeds: the mean over n seeds, its spread (std with two seeds, the 95 % t
+    half-width with three or more) and (schema 2) its 95 % interval [low, high] inside the metric's
+    range (`intervals`: Clopper-Pearson for a rate, whose `k` successes in `inputs` inputs are pooled
+    over seeds; the t interval clipped to the range otherwise; `spread_kind` "cp95" for a rate). Schema
+    2 also keeps the values the mean averages, one per seed of the entry (None where a seed has none),
+    and a rate's successes and inputs per seed, so intervals and rank stability are recomputed from the
+    entries (`board_stats.restat_board`). Like every float of a `FileModel`, the numbers are finite."""
 
     mean: float
     spread: float | None = None
@@ -139,6 +154,27 @@ class Stat(FileModel):
     n: Annotated[int, Field(ge=1)]
     attack: str = ""  # a worst case: the attack that achieved it
     per_input: bool = False  # a worst case: taken per input image before averaging
+    selection: str = ""  # a worst case: how its attack was chosen (`tables.SELECTIONS`)
+    low: float | None = None
+    high: float | None = None
+    k: Count | None = None
+    inputs: Count | None = None
+    per_seed: PerSeed | None = None
+    per_seed_k: PerSeed | None = None
+    per_seed_inputs: PerSeed | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Stat:
+        if (self.low is None) != (self.high is None):
+            raise invalid("low and high come together")
+        if self.low is not None and not self.low <= self.mean <= self.high:
+            raise invalid(f"interval [{self.low}, {self.high}] must hold the mean {self.mean}")
+        if (self.k is None) != (self.inputs is None) or (self.k is not None and self.k > self.inputs):
+            raise invalid(f"k = {self.k} successes must come with inputs >= k (inputs = {self.inputs})")
+        lists = [x for x in (self.per_seed, self.per_seed_k, self.per_seed_inputs) if x is not None]
+        if len({len(x) for x in lists}) > 1:
+            raise invalid("per_seed, per_seed_k and per_seed_inputs must have one value per seed each")
+        return self
 
 
 class Cost(FileModel):
@@ -157,6 +193,15 @@ class EpsLower(FileModel):
     delta: float | None = None
 
 
+def _within_range(name: str, stat: Stat | None) -> None:
+    """An interval inside what its metric can take (`intervals.value_range`)."""
+    if stat is None or stat.low is None:
+        return
+    lo, hi = value_range(metric(name))
+    if stat.low < lo or stat.high > hi:
+        raise invalid(f"{name}: interval [{stat.low}, {stat.high}] leaves the metric's range [{lo}, {hi}]")
+
+
 class EntryMetrics(FileModel):
     test_acc: Stat
     acc_drop: Stat | None = None
@@ -169,6 +214,16 @@ class EntryMetrics(FileModel):
     leakage: dict[str, dict[str, Stat | None]] | None = None  # attack -> metric -> stat
     worst_case: dict[MetricName, Stat | None] | None = None  # over the attack suite
     cost: Cost | None = None
+
+    @model_validator(mode="after")
+    def _intervals_in_range(self) -> EntryMetrics:
+        stats = [("test_acc", self.test_acc), ("acc_drop", self.acc_drop)]
+        stats += [(n, st) for per in (self.leakage or {}).values() for n, st in per.items()]
+        stats += list((self.worst_case or {}).items())
+        for name, stat in stats:
+            if name in METRICS:  # a leakage key is free text until the metric checks it
+                _within_range(name, stat)
+        return self
 
 
 def _share(value: float) -> float:
@@ -194,7 +249,9 @@ class RankStability(FileModel):
     interval: Annotated[list[int], AfterValidator(_interval)]
     resamples: Annotated[int, Field(ge=1)]
     rng_seed: int
-    joint: bool = False  # one draw of the board's seeds for every configuration (before: one each)
+    joint: bool = (
+        False  # the board's seeds drawn once for every configuration (entries before: per configuration)
+    )
 
 
 class Entry(FileModel):
@@ -213,3 +270,13 @@ class Entry(FileModel):
     fedbench_version: str
     date: str
     rank_stability: RankStability | None = None
+
+    @model_validator(mode="after")
+    def _one_value_per_seed(self) -> Entry:
+        m = self.metrics
+        stats = [m.test_acc, m.acc_drop, *(st for per in (m.leakage or {}).values() for st in per.values())]
+        stats += list((m.worst_case or {}).values())
+        for st in stats:
+            if st is not None and st.per_seed is not None and len(st.per_seed) != len(self.seeds):
+                raise invalid(f"per_seed has {len(st.per_seed)} values for {len(self.seeds)} seeds")
+        return self

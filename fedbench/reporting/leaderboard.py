@@ -9,10 +9,11 @@ dataset x threat model. Its files:
   headline's `baseline` (random-image floor, chance, majority class) with `none`'s gap to it, the
   `build_seconds` (and `cost`) of all its runs and the papers' `reported` numbers;
 - `entries/<defense>.json`: one record per defense configuration (always including `none`): metrics
-  as numbers (mean, spread, n over seeds), seeds, run_ids, fedbench version, date, and (optional:
-  boards exported before it lack it) `rank_stability`; epsilon with its `delta`, `dp_level` and
-  `accountant` (null with `epsilon_infinite` when the accountant found no finite bound) and, on
-  membership boards, the audit's `eps_lower`;
+  as numbers (mean, spread, n over seeds; since schema 2 also the 95 % interval inside the metric's
+  range, a rate's k of n inputs and the per-seed values: `board_stats`), seeds, run_ids, fedbench
+  version, date, and (optional: boards exported before it lack it) `rank_stability`; epsilon with
+  its `delta`, `dp_level` and `accountant` (null with `epsilon_infinite` when the accountant found no
+  finite bound) and, on membership boards, the audit's `eps_lower`;
 - `leaderboard.csv` and `README.md`: generated from the entries (tables by tabulate, the README around
   them by the Jinja2 templates in `templates/`), never hand-edited.
 
@@ -51,9 +52,12 @@ from fedbench.reporting.board_notes import (
     epsilon_value,
     failures_note,
     reported_markdown,
+    worst_attack_named,
     worst_rule,
 )
 from fedbench.reporting.board_schema import Board, Entry, parse
+from fedbench.reporting.board_stats import has_per_seed, stat_cell
+from fedbench.reporting.intervals import is_rate
 from fedbench.reporting.ranking import (
     STABILITY_COLUMN,
     pareto_rank,
@@ -63,6 +67,7 @@ from fedbench.reporting.ranking import (
     stability_text,
 )
 from fedbench.reporting.tables import (
+    INTERVAL_NOTE,
     WORST,
     Cell,
     Column,
@@ -185,19 +190,6 @@ def board_names(root: str | Path) -> list[str]:
 # ----------------------------------------------------------------------------------------- rendering
 
 
-def _cell(stat: dict[str, Any] | None) -> Cell:
-    if not stat:
-        return Cell(None)
-    return Cell(
-        stat["mean"],
-        stat.get("spread"),
-        stat.get("spread_kind", ""),
-        stat["n"],
-        stat.get("attack", ""),
-        per_input=bool(stat.get("per_input")),
-    )
-
-
 def short_labels(suite: Sequence[str]) -> dict[str, str]:
     """Attack label -> its name when names are unique in the suite (compact terminal view)."""
     names = {a: plugin_name(a) + (" @" + a.split(" @", 1)[1] if " @" in a else "") for a in suite}
@@ -236,8 +228,8 @@ def board_pivot(board: Board, entries: list[dict[str, Any]], compact: bool = Fal
         cost = m.get("cost") or {}
         own = "" if legend or compact else entry_budget(m)
         cells = {
-            "test_acc": _cell(m["test_acc"]),
-            "acc_drop": _cell(m.get("acc_drop")),
+            "test_acc": stat_cell(m["test_acc"]),
+            "acc_drop": stat_cell(m.get("acc_drop")),
             "epsilon": Cell(epsilon_value(m), attack=own),
             "utility_seconds": Cell(cost.get("utility_seconds")),
             "attack_seconds": Cell(cost.get("attack_seconds")),
@@ -245,12 +237,10 @@ def board_pivot(board: Board, entries: list[dict[str, Any]], compact: bool = Fal
         if audited:
             cells["eps_lower"] = Cell((m.get("eps_lower") or {}).get("max"))
         for a in board.attack_suite:
-            cells[f"{a}:{head.name}"] = _cell((m.get("leakage") or {}).get(a, {}).get(head.name))
+            cells[f"{a}:{head.name}"] = stat_cell((m.get("leakage") or {}).get(a, {}).get(head.name))
         for name in board.metrics:
-            c = _cell((m.get("worst_case") or {}).get(name))
-            cells[f"{WORST}:{name}"] = Cell(
-                c.value, c.spread, c.spread_kind, c.n, short.get(c.attack, c.attack)
-            )
+            c = stat_cell((m.get("worst_case") or {}).get(name))
+            cells[f"{WORST}:{name}"] = dataclasses.replace(c, attack=short.get(c.attack, c.attack))
         out_rows.append(((e["defense"],), cells))
     title = (
         f"{board.title} — ranked by Pareto rank on (test_acc ↑, worst-case {board.headline} "
@@ -258,6 +248,8 @@ def board_pivot(board: Board, entries: list[dict[str, Any]], compact: bool = Fal
         if board.attack_suite
         else f"{board.title} — ranked by accuracy (no attack suite); mean ± std over seeds"
     )
+    if any(c.bracketed for _, cells in out_rows for c in cells.values()):
+        title += f"; {INTERVAL_NOTE}"
     extra = {"rank": tuple(str(r) for r, _ in rows)}
     state = stability_state(board, entries)
     if state is not None:
@@ -278,6 +270,12 @@ def render_csv(board: Board, entries: list[dict[str, Any]]) -> str:
     recs = []
     state = stability_state(board, entries)
     audited = any(e["metrics"].get("eps_lower") for e in entries)
+    bounded = any(has_per_seed(e) for e in entries)  # schema 2: intervals [low, high] (and a rate's k of n)
+
+    def interval(rec: dict[str, Any], key: str, stat: dict[str, Any]) -> None:
+        if bounded:
+            rec.update({f"{key}_low": stat.get("low"), f"{key}_high": stat.get("high")})
+
     for rank, e in ranked(board, entries):
         m = e["metrics"]
         rec: dict[str, Any] = {"rank": rank, "defense": e["defense"], "defense_name": e["defense_name"]}
@@ -290,6 +288,7 @@ def render_csv(board: Board, entries: list[dict[str, Any]]) -> str:
             stat = m.get(key) or {}
             rec[key] = stat.get("mean")
             rec[f"{key}_spread"] = stat.get("spread")
+            interval(rec, key, stat)
         rec["epsilon"] = epsilon_value(m)  # inf: DP-accounted without a finite bound
         for key in ("delta", "dp_level", "accountant"):
             rec[key] = m.get(key)
@@ -299,7 +298,12 @@ def render_csv(board: Board, entries: list[dict[str, Any]]) -> str:
             stat = (m.get("worst_case") or {}).get(name) or {}
             rec[f"worst_{name}"] = stat.get("mean")
             rec[f"worst_{name}_spread"] = stat.get("spread")
+            interval(rec, f"worst_{name}", stat)
+            if bounded and is_rate(metric(name)):
+                rec.update({f"worst_{name}_k": stat.get("k"), f"worst_{name}_inputs": stat.get("inputs")})
             rec[f"worst_{name}_attack"] = stat.get("attack", "")
+            if bounded:
+                rec[f"worst_{name}_selection"] = stat.get("selection", "")
         for a in board.attack_suite:
             for name in board.metrics:
                 stat = (m.get("leakage") or {}).get(a, {}).get(name) or {}
@@ -379,6 +383,7 @@ def render_readme(board: Board, entries: list[dict[str, Any]]) -> str:
             leaderboard_table=to_markdown(board_pivot(board, entries)).rstrip("\n"),
             views=board_views(board, entries),
             worst_rule=worst_rule(entries, board.headline),
+            worst_named=worst_attack_named(entries, board.headline),
             stability=stability_note(board, entries),
             baseline=baseline_note(board, entries),
             epsilon=epsilon_columns_note(entries),
@@ -538,8 +543,8 @@ def tradeoff_points(
             family=(family_of or {}).get(defense, defense.split("[")[0]),
             utility=u.value * um.scale,
             leakage=lk.value * col.metric.scale,
-            utility_err=(u.spread or 0.0) * um.scale,
-            leakage_err=(lk.spread or 0.0) * col.metric.scale,
+            utility_err=_error_bar(u, um.scale),
+            leakage_err=_error_bar(lk, col.metric.scale),
             pareto_rank=rank,
         )
         for (label, defense, u, lk), rank in zip(raw, ranks, strict=True)
@@ -552,3 +557,10 @@ def tradeoff_points(
     if utility == "test_acc":
         return points, f"test accuracy (%) {um.arrow} ({um.direction})", leak_label
     return points, f"{um.header} ({um.direction})", leak_label
+
+
+def _error_bar(c: Cell, scale: float) -> float | tuple[float, float]:
+    """A cell's error bar in display units: its spread, or (below, above) for a [low, high] interval."""
+    if c.bracketed:
+        return ((c.value - c.low) * scale, (c.high - c.value) * scale)
+    return (c.spread or 0.0) * scale

@@ -330,15 +330,24 @@ def save_reconstructions_by_defense(
 
 @dataclass(frozen=True)
 class TradeoffPoint:
-    """One defense configuration on the trade-off plot (means over seeds, spread = error bar)."""
+    """One defense configuration on the trade-off plot (means over seeds, spread = error bar; an
+    interval the metric's range clipped, or a rate's, is an asymmetric bar: (below, above))."""
 
     label: str
     family: str
     utility: float
     leakage: float
-    utility_err: float = 0.0
-    leakage_err: float = 0.0
+    utility_err: float | tuple[float, float] = 0.0
+    leakage_err: float | tuple[float, float] = 0.0
     pareto_rank: int = 0
+
+
+def _error_bars(errs: Sequence[float | tuple[float, float]]):
+    """Matplotlib's xerr/yerr: one value per point, or (2, N) below/above when any bar is asymmetric."""
+    if not any(isinstance(e, tuple) for e in errs):
+        return [e or 0.0 for e in errs]
+    pairs = [e if isinstance(e, tuple) else (e or 0.0, e or 0.0) for e in errs]
+    return [[b for b, _ in pairs], [a for _, a in pairs]]
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
@@ -468,8 +477,8 @@ def tradeoff_figure(
         ax.errorbar(
             [p.leakage for p in pts],
             [p.utility for p in pts],
-            xerr=[p.leakage_err or 0.0 for p in pts],
-            yerr=[p.utility_err or 0.0 for p in pts],
+            xerr=_error_bars([p.leakage_err for p in pts]),
+            yerr=_error_bars([p.utility_err for p in pts]),
             fmt=_MARKERS[k % len(_MARKERS)],
             color=cmap(k % 10),
             markersize=7,

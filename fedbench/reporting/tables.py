@@ -10,9 +10,13 @@ point to the better direction for the defender (↑ accuracy; ↓ PSNR, i.e. les
 metric catalogue (`fedbench.metrics.catalogue`) declares it.
 
 Worst case over the suite is computed per input then aggregated when the results' sidecar holds
-per-image scores (`per_image` keyed by run_id); otherwise per (configuration, seed) from the
-row-level means, the attack achieving it is named either way. Thresholds in `--budget`/`--target`
-use the units shown in the tables (accuracy and drops in percent / percentage points).
+per-image scores (`per_image` keyed by run_id); membership and attribute attacks are chosen out of
+sample (on each seed, the attack with the highest mean over the other seeds); otherwise per
+(configuration, seed) from the row-level means; the attack achieving it is named either way
+(`worst_case`). A mean's interval stays inside the metric's range (`intervals`): a rate's is the
+Clopper-Pearson interval of k of n inputs pooled over seeds, printed as [low, high]. Thresholds in
+`--budget`/`--target` use the units shown in the tables (accuracy and drops in percent / percentage
+points).
 
 Paper numbers (`--reported`) come from the presets' `[[reported]]` rows in the sidecar: a `defense`
 pattern, an optional `attack` pattern, and metric values in results units (accuracy as a fraction),
@@ -29,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from fedbench.errors import FedbenchError, UnknownNameError, did_you_mean
 from fedbench.metrics.catalogue import (
@@ -40,6 +44,7 @@ from fedbench.metrics.catalogue import (
     attack_families,
     metric,
 )
+from fedbench.reporting.intervals import ONE_PER_RUN, RATE, inputs_column, summarise, t95
 
 Agg = Literal["mean", "median", "worst"]
 Keep = Literal["last", "all"]
@@ -168,7 +173,13 @@ def _as_text(v: Any) -> str:
 
 @dataclass(frozen=True)
 class Cell:
-    """One aggregated value: mean/median/worst over n seeds, its spread (std or CI half-width)."""
+    """One aggregated value: mean/median/worst over n seeds, its spread (std or CI half-width) and its
+    95 % interval inside the metric's range (`low`, `high`; `intervals.summarise`).
+
+    A rate pooled over seeds also carries its counts (`k` successes in `inputs` inputs). `per_seed`
+    keeps the values the mean averages, as (seed, value, inputs) triples, so a board entry can store
+    them; a worst-case cell names its attack and how the attack was chosen (`selection`).
+    """
 
     value: float | None
     spread: float | None = None
@@ -177,12 +188,31 @@ class Cell:
     attack: str = ""  # worst-case cells: the attack that achieved it
     reported: float | None = None
     per_input: bool = False  # worst-case cells: taken per input (image) before averaging
+    low: float | None = None
+    high: float | None = None
+    k: float | None = None
+    inputs: float | None = None
+    per_seed: tuple[tuple[Any, float, float | None], ...] = ()
+    selection: str = ""  # worst-case cells: `SELECTIONS`
 
     @property
     def diff(self) -> float | None:
         if self.reported is None or self.value is None or math.isnan(self.value):
             return None
         return self.value - self.reported
+
+    @property
+    def bracketed(self) -> bool:
+        """Whether the interval shows as [low, high]: a rate's, or one the metric's range clipped (an
+        unclipped t interval stays mean ± half-width)."""
+        if self.value is None or self.low is None or self.high is None:
+            return False
+        if self.spread is None or self.spread_kind == RATE:
+            return True
+        tol = 1e-5 * max(1.0, abs(self.value), abs(self.spread))
+        return (
+            abs(self.value - self.spread - self.low) > tol or abs(self.value + self.spread - self.high) > tol
+        )
 
 
 @dataclass(frozen=True)
@@ -211,19 +241,24 @@ class Pivot:
         return self.rows[i][1].get(key, Cell(None))
 
 
-def _t95(n: int) -> float:
-    """Student-t 97.5% quantile with n-1 degrees of freedom (scipy.special: scipy.stats costs ~1 s
-    of import, most of a fully cached re-run)."""
-    from scipy.special import stdtrit
-
-    return float(stdtrit(n - 1, 0.975))
+_t95 = t95  # the t quantile, as other reporting modules import it from here
 
 
-def aggregate(values: Sequence[float], m: Metric, agg: Agg = "mean") -> Cell:
-    """Aggregate per-seed values: mean ± std (n < 3) or ± 95% CI (n >= 3), median, or worst."""
+def aggregate(
+    values: Sequence[float],
+    m: Metric,
+    agg: Agg = "mean",
+    inputs: Sequence[float | None] | None = None,
+    seeds: Sequence[Any] | None = None,
+) -> Cell:
+    """Aggregate per-seed values: the mean with its interval (`intervals.summarise`: a rate with
+    `inputs` pooled as k of n with Clopper-Pearson; otherwise ± std for n < 3, ± 95% t CI clipped to
+    the metric's range for n >= 3), the median, or the worst. `seeds` (parallel to `values`) labels
+    the values the cell keeps in `per_seed`."""
     import numpy as np
 
-    vals = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    present = [i for i, v in enumerate(values) if v is not None and not math.isnan(v)]
+    vals = np.asarray([values[i] for i in present], dtype=float)
     n = int(vals.size)
     if n == 0:
         return Cell(None, n=0)
@@ -231,13 +266,23 @@ def aggregate(values: Sequence[float], m: Metric, agg: Agg = "mean") -> Cell:
         return Cell(float(np.median(vals)), n=n)
     if agg == "worst":
         return Cell(float(vals.min() if m.better == "higher" else vals.max()), n=n)
-    mean = float(vals.mean())
-    if n == 1:
-        return Cell(mean, n=1)
-    std = float(vals.std(ddof=1))
-    if n >= 3:
-        return Cell(mean, _t95(n) * std / math.sqrt(n), "ci95", n)
-    return Cell(mean, std, "std", n)
+    s = summarise(m, [float(v) for v in vals], None if inputs is None else [inputs[i] for i in present])
+    per_seed = (
+        tuple((seeds[i], float(values[i]), None if inputs is None else inputs[i]) for i in present)
+        if seeds is not None
+        else ()
+    )
+    return Cell(
+        s.value,
+        s.spread,
+        s.spread_kind,
+        s.n,
+        low=s.low,
+        high=s.high,
+        k=s.k,
+        inputs=s.inputs,
+        per_seed=per_seed,
+    )
 
 
 def slice_columns(frame) -> list[str]:
@@ -351,26 +396,81 @@ def leakage_metrics(frame, names: Sequence[str] | None) -> list[Metric]:
     return out
 
 
-def worst_case(frame, m: Metric, by: Sequence[str], per_image: dict[str, dict[str, list]] | None = None):
-    """Per (`by` + seed): the leakiest value over attacks, and the attack that achieved it.
+# how a worst-case cell chose its attack (`Cell.selection`, an entry's worst case `selection`)
+PER_INPUT = "per-input max"  # the leakiest attack on each input, then averaged (AutoAttack)
+PER_SEED = "per-seed max"  # the leakiest attack's value on each seed
+HELD_OUT = "held-out seeds"  # on each seed, the attack with the highest mean over the other seeds
+IN_SAMPLE = "in-sample (one seed)"  # HELD_OUT with one seed: nothing held out to choose on
+ONLY_ATTACK = "only attack"  # one attack of the suite reports the metric: its value
+SELECTIONS = (PER_INPUT, PER_SEED, HELD_OUT, IN_SAMPLE, ONLY_ATTACK)
+# Attack families whose attacks answer from a small set (member or not, an attribute's class): a
+# maximum over several such attacks counts lucky answers as leakage near chance, so their worst
+# attack is chosen out of sample (`_held_out_worst`) instead of by a maximum.
+SELECTED_FAMILIES = ("membership", "attribute")
 
-    With per-image scores for every attack of a group, the worst case is taken per input (image i:
-    the leakiest attack on that image), then averaged; the attack named is the one that won most
-    images. Otherwise it is the leakiest attack's row-level value. Returns a list of
-    (key tuple, seed, value, attack, per_input: bool).
+
+class WorstSeed(NamedTuple):
+    """One configuration's worst case on one seed (`worst_case`)."""
+
+    key: tuple[str, ...]
+    seed: Any
+    value: float
+    attack: str
+    per_input: bool
+    inputs: float | None = None  # the inputs the value counts, for a rate (`intervals.inputs_column`)
+    selection: str = ""
+
+
+RUNS_COLUMN = "_runs"  # how many runs a row stands for (a board's victim-pooled rows; absent: one)
+
+
+def row_inputs(rows, column: str | None) -> list[float | None]:
+    """Each row's input count for a rate (`intervals.inputs_column`); None where it is unknown. A rate
+    counted per run (`ONE_PER_RUN`) counts the runs a pooled row stands for (`RUNS_COLUMN`)."""
+    if column == ONE_PER_RUN:
+        if RUNS_COLUMN not in rows:
+            return [1.0] * len(rows)
+        return [
+            1.0 if _as_float(v) is None or math.isnan(_as_float(v)) else float(v) for v in rows[RUNS_COLUMN]
+        ]
+    if column is None or column not in rows:
+        return [None] * len(rows)
+    counts = [_as_float(v) for v in rows[column]]
+    return [None if c is None or math.isnan(c) else c for c in counts]
+
+
+def _as_float(v: Any) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def worst_case(
+    frame, m: Metric, by: Sequence[str], per_image: dict[str, dict[str, list]] | None = None
+) -> list[WorstSeed]:
+    """Per (`by` + seed): the worst case over attacks, the attack that achieved it, how it was chosen.
+
+    - With per-image scores for every attack of a group, the worst case is taken per input (image i:
+      the leakiest attack on that image), then averaged; the attack named is the one that won most
+      images (`PER_INPUT`, AutoAttack's rule: any attack's success on an input counts).
+    - The attacks of `SELECTED_FAMILIES` (membership, attribute inference) are chosen out of sample:
+      see `_held_out_worst` (`HELD_OUT`).
+    - Otherwise it is the leakiest attack's row-level value on each seed (`PER_SEED`).
     """
     import numpy as np
 
     att = frame[(frame["status"] == "ok") & (frame["attack"] != "")]
     if not _present(att, m.name):
         return []
+    att = att[att[m.name].notna()]
+    column = inputs_column(m)
+    if m.family in SELECTED_FAMILIES:
+        return _held_out_worst(att, m, by, column)
     out = []
     sign = m.leakage_sign
     for keys, grp in att.groupby([*by, "seed"], sort=False, dropna=False):
         keys = keys if isinstance(keys, tuple) else (keys,)
-        grp = grp[grp[m.name].notna()]
-        if grp.empty:
-            continue
         arrays = [(per_image or {}).get(r, {}).get(m.name) for r in grp["run_id"]]
         arrays = [a if a is not None and all(v is not None for v in a) else None for a in arrays]
         lengths = {len(a) for a in arrays if a is not None}
@@ -379,14 +479,74 @@ def worst_case(frame, m: Metric, by: Sequence[str], per_image: dict[str, dict[st
             win = np.nanargmax(mat, axis=0)
             value = float(np.mean(mat[win, np.arange(mat.shape[1])]) * sign)
             attack = list(grp["attack"])[Counter(win.tolist()).most_common(1)[0][0]]
-            out.append((_key(keys[:-1]), keys[-1], value, attack, True))
+            out.append(WorstSeed(_key(keys[:-1]), keys[-1], value, attack, True, None, PER_INPUT))
         else:
             scores = grp[m.name].astype(float) * sign
             best = scores.idxmax()
+            inputs = row_inputs(grp.loc[[best]], column)[0]
+            value = float(grp.loc[best, m.name])
             out.append(
-                (_key(keys[:-1]), keys[-1], float(grp.loc[best, m.name]), grp.loc[best, "attack"], False)
+                WorstSeed(_key(keys[:-1]), keys[-1], value, grp.loc[best, "attack"], False, inputs, PER_SEED)
             )
     return out
+
+
+def _held_out_worst(att, m: Metric, by: Sequence[str], column: str | None) -> list[WorstSeed]:
+    """The worst attack chosen out of sample, so that selection noise is not counted as leakage.
+
+    Per configuration and seed s, the attack is the one with the highest mean over the configuration's
+    other seeds (leave-one-seed-out cross-fitting: a seed is an independent draw of the split, the
+    initialisation and the attacks' randomness, so the choice does not see seed s's noise), and the
+    value reported for s is that attack's value on s; the configuration's worst case is the mean of
+    these over its seeds. Ties go to the attack listed first; an attack without a value on the other
+    seeds is chosen last. With one seed nothing is held out: the leakiest attack of that seed is
+    taken and the selection says so (`IN_SAMPLE`).
+
+    Design §7.1 asks for the choice on a held-out split of the scored inputs; the membership and
+    attribute scorers keep only each run's statistics (an AUC, an accuracy), not per-input scores, and
+    an AUC does not split over inputs into a mean, so the seeds are the held-out split here.
+    Several runs of one (seed, attack) (victims or other settings a table does not split) enter as
+    their mean, weighted by their inputs for a rate.
+    """
+    import numpy as np
+
+    sign = m.leakage_sign
+    out = []
+    groups = att.groupby(list(by), sort=False, dropna=False) if by else [((), att)]
+    for keys, grp in groups:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        attacks = list(dict.fromkeys(grp["attack"]))
+        seeds = list(dict.fromkeys(grp["seed"]))
+        runs: dict[tuple[Any, str], tuple[float, float | None]] = {}
+        for (seed, attack), rows in grp.groupby(["seed", "attack"], sort=False):
+            values = [float(v) for v in rows[m.name]]
+            counts = row_inputs(rows, column)
+            known = all(c is not None for c in counts) and sum(counts) > 0
+            value = sum(v * c for v, c in zip(values, counts, strict=True)) / sum(counts) if known else None
+            runs[(seed, attack)] = (
+                float(np.mean(values)) if value is None else value,
+                float(sum(counts)) if known else None,
+            )
+
+        for s, pick, selection in _held_out_picks(runs, attacks, seeds, sign):
+            value, inputs = runs[(s, pick)]
+            out.append(WorstSeed(_key(keys), s, value, pick, False, inputs, selection))
+    return out
+
+
+def _held_out_picks(runs: dict[tuple[Any, str], tuple[float, float | None]], attacks, seeds, sign: int):
+    """(seed, attack, selection) per seed: the attack with the highest mean (signed: larger = leakier)
+    over the other seeds among those with a value on the seed (`_held_out_worst`)."""
+
+    def score(attack: str, on: list[Any]) -> float:
+        vals = [runs[(t, attack)][0] for t in on if (t, attack) in runs]
+        return sign * sum(vals) / len(vals) if vals else -math.inf
+
+    for s in seeds:
+        others = [t for t in seeds if t != s]
+        present = [a for a in attacks if (s, a) in runs]
+        pick = max(present, key=lambda a: (score(a, others or [s]), -attacks.index(a)))
+        yield s, pick, HELD_OUT if others else IN_SAMPLE
 
 
 _REPORTED_KEYS = ("dataset", "defense", "attack", "source", "note")
@@ -539,7 +699,9 @@ def pivot(
         if m.name not in util.columns:
             continue
         for k, grp in keyed(util, row_keys):
-            cells[_key(k)][m.name] = aggregate(list(grp[m.name].astype(float)), m, agg)
+            cells[_key(k)][m.name] = aggregate(
+                list(grp[m.name].astype(float)), m, agg, seeds=list(grp["seed"])
+            )
 
     attacked = ok[ok["attack"] != ""] if "attack" in ok.columns else ok.iloc[0:0]
     for m in leak:
@@ -553,23 +715,32 @@ def pivot(
             columns.append(col)
             sub = attacked[[_key(tuple(r[c] for c in col_keys)) == g for _, r in attacked.iterrows()]]
             for k, grp in keyed(sub, row_keys):
-                cells[_key(k)][col.key] = aggregate(list(grp[m.name].astype(float)), m, agg)
+                cells[_key(k)][col.key] = aggregate(
+                    list(grp[m.name].astype(float)),
+                    m,
+                    agg,
+                    inputs=row_inputs(grp, inputs_column(m)),
+                    seeds=list(grp["seed"]),
+                )
         if col_keys == ["attack"] and len(groups) > 1 and "attack" not in row_keys:
             col = Column(f"{WORST}:{m.name}", m, WORST)
             columns.append(col)
-            by: dict[tuple[str, ...], list[tuple[float, str, bool]]] = {}
-            for k, _seed, value, att, per_input in worst_case(attacked, m, row_keys, per_image):
-                by.setdefault(k, []).append((value, att, per_input))
+            by: dict[tuple[str, ...], list[WorstSeed]] = {}
+            for w in worst_case(attacked, m, row_keys, per_image):
+                by.setdefault(w.key, []).append(w)
             for k, items in by.items():
-                cell = aggregate([v for v, _, _ in items], m, agg)
-                top = Counter(a for _, a, _ in items).most_common(1)[0][0]
-                cells.setdefault(k, {})[col.key] = Cell(
-                    cell.value,
-                    cell.spread,
-                    cell.spread_kind,
-                    cell.n,
-                    top,
-                    per_input=all(p for *_, p in items),
+                cell = aggregate(
+                    [w.value for w in items],
+                    m,
+                    agg,
+                    inputs=[w.inputs for w in items],
+                    seeds=[w.seed for w in items],
+                )
+                cells.setdefault(k, {})[col.key] = dataclasses.replace(
+                    cell,
+                    attack=Counter(w.attack for w in items).most_common(1)[0][0],
+                    per_input=all(w.per_input for w in items),
+                    selection=", ".join(dict.fromkeys(w.selection for w in items)),
                 )
 
     if reported:
@@ -599,8 +770,9 @@ def pivot(
                     row_cells[col.key] = dataclasses.replace(c, reported=value)
     # drop columns with no value at all (e.g. epsilon for non-DP grids is kept: the schema asks for it)
     columns = [c for c in columns if c.key == "epsilon" or any(c.key in r for r in cells.values())]
+    bracketed = any(cell.bracketed for row in cells.values() for cell in row.values())
     return Pivot(
-        title=title or _title(agg),
+        title=title or _title(agg, bracketed),
         row_keys=tuple(row_keys),
         columns=tuple(columns),
         rows=tuple((k, cells[k]) for k in order),
@@ -608,9 +780,16 @@ def pivot(
     )
 
 
-def _title(agg: str) -> str:
+INTERVAL_NOTE = (
+    "[low, high] = 95% interval inside the metric's range (rates: Clopper-Pearson on k of n inputs pooled "
+    "over seeds)"
+)
+
+
+def _title(agg: str, bracketed: bool = False) -> str:
     what = {"mean": "mean ± std over seeds (± 95% CI when n ≥ 3)", "median": "median over seeds"}
-    return f"trade-off per configuration, {what.get(agg, 'worst seed')}; ↑/↓ = better direction"
+    note = f"; {INTERVAL_NOTE}" if bracketed else ""
+    return f"trade-off per configuration, {what.get(agg, 'worst seed')}{note}; ↑/↓ = better direction"
 
 
 # --------------------------------------------------------------------------------------------- views
@@ -720,7 +899,9 @@ def _num(v: float | None, missing: float = math.inf) -> float:
 
 def format_cell(c: Cell, m: Metric, show_attack: bool = True) -> str:
     text = m.fmt(c.value)
-    if c.value is not None and c.spread is not None and not math.isnan(c.spread):
+    if c.bracketed:
+        text += f" [{m.fmt(c.low)}, {m.fmt(c.high)}]"
+    elif c.value is not None and c.spread is not None and not math.isnan(c.spread):
         text += f" ± {m.fmt(c.spread)}"
     if c.attack and show_attack:
         text += f" ({c.attack})"
@@ -797,6 +978,12 @@ def records(p: Pivot) -> list[dict[str, Any]]:
             rec[c.key] = _round(cell.value)
             rec[f"{c.key}_spread"] = _round(cell.spread)
             rec[f"{c.key}_n"] = cell.n
+            if cell.low is not None:  # a 95 % interval inside the metric's range
+                rec[f"{c.key}_low"] = _round(cell.low)
+                rec[f"{c.key}_high"] = _round(cell.high)
+            if cell.k is not None:  # a rate: k successes in `inputs` inputs, pooled over seeds
+                rec[f"{c.key}_k"] = _round(cell.k)
+                rec[f"{c.key}_inputs"] = _round(cell.inputs)
             if c.group == WORST:
                 rec[f"{c.key}_attack"] = cell.attack
             if cell.reported is not None:
@@ -831,7 +1018,12 @@ def to_csv(p: Pivot) -> str:
 
 
 def to_json(p: Pivot) -> str:
-    spread = {"mean": "std (n < 3) or ci95 half-width (n >= 3)", "median": "none", "worst": "none"}
+    spread = {
+        "mean": "std (n < 3) or ci95 half-width (n >= 3); <key>_low/_high: the 95% interval inside the "
+        "metric's range (rates: Clopper-Pearson on <key>_k of <key>_inputs inputs pooled over seeds)",
+        "median": "none",
+        "worst": "none",
+    }
     doc = {
         "title": p.title,
         "agg": p.agg,
