@@ -39,10 +39,11 @@ def _stats(entry: dict):
 
 
 def _interval(stat: dict) -> tuple[float, float] | None:
-    """The interval an entry shows: [low, high] (schema 2), else mean ± spread."""
+    """The interval an entry shows: [low, high] (schema 2), else mean ± its 95 % CI half-width (a
+    std, with two seeds, is a spread, not an interval)."""
     if stat.get("low") is not None:
         return stat["low"], stat["high"]
-    if stat.get("spread") is not None:
+    if stat.get("spread") is not None and stat.get("spread_kind") == "ci95":
         return stat["mean"] - stat["spread"], stat["mean"] + stat["spread"]
     return None
 
@@ -63,3 +64,34 @@ def test_committed_rates_and_accuracies_stay_in_range():
                 board = path.parents[1].name
                 outside.append(f"{board}/{path.stem} {where} [{interval[0]:.4g}, {interval[1]:.4g}]")
     assert not outside, f"{len(outside)} of {checked} intervals outside [0, 1]:\n" + "\n".join(outside)
+
+
+def _close(a, b) -> bool:
+    """Equal up to the 6 significant digits entries keep (nested dicts and lists)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-5, abs=1e-9)
+    return a == b
+
+
+def test_committed_statistics_recompute_from_the_entries():
+    """Boards of entry schema 2 keep their per-seed values: recomputing intervals and rank stability
+    from them (`board_stats.restat_board`, no run) gives what is committed. Boards of schema 1 keep no
+    per-seed values and are skipped (they are rebuilt from their runs)."""
+    from fedbench.reporting import board_stats
+    from fedbench.reporting import leaderboard as lb
+
+    current = [
+        n
+        for n in lb.board_names(ROOT)
+        if all(board_stats.has_per_seed(e) for e in lb.load_board(ROOT / n)[1])
+    ]
+    if not current:
+        pytest.skip("no committed board of entry schema 2 yet")
+    for name in current:
+        board, entries = lb.load_board(ROOT / name)
+        for old, new in zip(entries, board_stats.restat_board(board, entries), strict=True):
+            assert _close(new, old), f"{name}/{old['defense']}: its statistics differ from a recomputation"

@@ -9,11 +9,12 @@ import math
 
 import pytest
 from scipy.stats import binomtest
+from test_committed_intervals import _close
 from test_tables import FINISHED, write_synthetic
 
 from fedbench.errors import FedbenchError
 from fedbench.metrics.catalogue import METRICS
-from fedbench.reporting import intervals
+from fedbench.reporting import board_stats, intervals
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.tables import aggregate, format_cell, load_results, pivot, to_markdown
 
@@ -151,6 +152,8 @@ def test_board_entries_keep_intervals_counts_and_per_seed_values(tmp_path):
     labels = by["none"]["metrics"]["worst_case"]["label_acc"]  # the only attack's value
     assert (labels["k"], labels["inputs"], labels["selection"]) == (9, 10, "only attack")
     assert labels["per_seed_inputs"] == [2] * 5
+    again = board_stats.restat_board(board, entries)  # what a re-render recomputes: the same
+    assert all(_close(new, old) for new, old in zip(again, entries, strict=True))
     folder = lb.write_board(tmp_path / "boards", board, entries)
     lb.render(tmp_path / "boards")
     readme = (folder / lb.README_FILE).read_text()

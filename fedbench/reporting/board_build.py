@@ -132,7 +132,7 @@ def build(
         for m, found in reporters.items():
             if m not in worst and len(found) == 1:
                 attack, stat = found[0]
-                worst[m] = dict(stat, attack=attack, selection=ONLY_ATTACK) if stat else None
+                worst[m] = dict(stat, attack=attack, per_input=False, selection=ONLY_ATTACK) if stat else None
         created = [str(x) for x in runs.get("created_at", []) if not is_missing(x)]
         entries.append(
             {
