@@ -45,7 +45,10 @@ _INPUTS_BY_FAMILY = {
     "membership": "mia_examples",  # the evaluated members and non-members
     "attribute": "aia_victims",  # the victims whose attribute is inferred
 }
-INPUT_COLUMNS = tuple(dict.fromkeys(c for c in (*_INPUTS_BY_METRIC.values(), *_INPUTS_BY_FAMILY.values())))
+# the results columns that count inputs (summed when a board pools victims' runs into one row)
+INPUT_COLUMNS = tuple(
+    dict.fromkeys(c for c in (*_INPUTS_BY_METRIC.values(), *_INPUTS_BY_FAMILY.values()) if c != ONE_PER_RUN)
+)
 
 
 def is_rate(m: Metric) -> bool:
