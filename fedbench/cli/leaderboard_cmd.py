@@ -355,3 +355,55 @@ def epsilon_cmd(
         raise typer.Exit(1)
     if not moved:
         err.print("every entry's epsilon is today's accountant's", highlight=False)
+
+
+@_command("restat")
+def restat_cmd(
+    board: BoardsArgument = None,
+    root: DirOption = Path("leaderboards"),
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Write nothing; exit 1 when an entry's statistics would change."),
+    ] = False,
+) -> None:
+    """Recompute the entries' intervals and rank stability from what they keep, without re-running.
+
+    Entries of schema 2 keep their per-seed values: intervals (Clopper-Pearson for a rate, the t
+    interval clipped to the metric's range otherwise) and the joint rank-stability bootstrap are
+    recomputed from them (`board_stats.restat_board`). Entries of schema 1 keep means and spreads
+    only: their rates get the exact binomial interval of the counts the board's scenario fixes, the
+    rest their t interval clipped to the range (`board_legacy`); their rank stability needs a rebuild.
+
+    Examples:
+
+      fedbench leaderboard restat
+
+      fedbench leaderboard restat inversion-fedsgd-mnist5k-mlp --check
+    """
+    from fedbench.reporting import board_legacy, board_stats
+    from fedbench.reporting.leaderboard import board_names, check_board_name, load_board, render, write_board
+
+    names = board or board_names(root)
+    for name in names:
+        check_board_name(root, name)
+    moved = []
+    for name in names:
+        b, entries = load_board(root / name)
+        if all(board_stats.has_per_seed(e) for e in entries):
+            fresh = board_stats.restat_board(b, entries)
+        else:
+            fresh = [e if board_stats.has_per_seed(e) else board_legacy.bound_entry(e) for e in entries]
+        changed = [e["defense"] for e, f in zip(entries, fresh, strict=True) if e != f]
+        if changed:
+            moved.append(name)
+            err.print(f"{name}: {len(changed)} of {len(entries)} entries restated", highlight=False)
+            if not check:
+                write_board(root, b, fresh)
+                render(root, [name])
+    if check and moved:
+        err.print(
+            f"stale statistics in {', '.join(moved)}; run 'fedbench leaderboard restat'", highlight=False
+        )
+        raise typer.Exit(1)
+    if not moved:
+        err.print("every entry's statistics are current", highlight=False)
