@@ -66,17 +66,6 @@ def test_committed_rates_and_accuracies_stay_in_range():
     assert not outside, f"{len(outside)} of {checked} intervals outside [0, 1]:\n" + "\n".join(outside)
 
 
-def _close(a, b) -> bool:
-    """Equal up to the 6 significant digits entries keep (nested dicts and lists)."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        return a == pytest.approx(b, rel=1e-5, abs=1e-9)
-    return a == b
-
-
 def test_committed_statistics_recompute_from_the_entries():
     """Boards of entry schema 2 keep their per-seed values: recomputing intervals and rank stability
     from them (`board_stats.restat_board`, no run) gives what is committed. Boards of schema 1 keep no
@@ -94,4 +83,6 @@ def test_committed_statistics_recompute_from_the_entries():
     for name in current:
         board, entries = lb.load_board(ROOT / name)
         for old, new in zip(entries, board_stats.restat_board(board, entries), strict=True):
-            assert _close(new, old), f"{name}/{old['defense']}: its statistics differ from a recomputation"
+            assert board_stats.same_statistics(new, old), (
+                f"{name}/{old['defense']}: its statistics differ from a recomputation"
+            )

@@ -393,7 +393,9 @@ def restat_cmd(
             fresh = board_stats.restat_board(b, entries)
         else:
             fresh = [e if board_stats.has_per_seed(e) else board_legacy.bound_entry(e) for e in entries]
-        changed = [e["defense"] for e, f in zip(entries, fresh, strict=True) if e != f]
+        changed = [
+            e["defense"] for e, f in zip(entries, fresh, strict=True) if not board_stats.same_statistics(e, f)
+        ]
         if changed:
             moved.append(name)
             err.print(f"{name}: {len(changed)} of {len(entries)} entries restated", highlight=False)
