@@ -25,6 +25,9 @@ MEAN, STD = 0.3, 0.4
 META = DatasetMeta("digits8", (1, 8, 8), 10, "image", (MEAN,), (STD,))
 CPU = torch.device("cpu")
 
+# every test here follows an optimiser or compares float paths: rerun under each CPU capability (.ci/run)
+pytestmark = pytest.mark.numeric
+
 
 def lenet(seed: int = 1) -> nn.Module:
     torch.manual_seed(seed)

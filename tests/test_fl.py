@@ -34,6 +34,7 @@ def _sim(bundle, defense="none", observe=None, **sc):
     )
 
 
+@pytest.mark.numeric
 def test_fedavg_one_step_equals_fedsgd(digits):
     a = _sim(digits, protocol="fedsgd")
     a.run()
@@ -64,6 +65,7 @@ def test_deterministic_from_seed(digits):
     assert r3.history != r1.history
 
 
+@pytest.mark.numeric
 def test_training_learns(digits):
     res = _sim(digits, rounds=8, local_epochs=2, train_size=0, test_size=0).run()
     assert res.test_acc > 0.8
@@ -99,6 +101,7 @@ def test_observation_points(digits, point, kind):
         assert obs.client == 2  # the victim takes part even with participation 0.5
 
 
+@pytest.mark.numeric
 def test_step_observation_is_the_batch_gradient(digits):
     sim = _sim(digits, observe=ObservationRequest("step", 0, 0))
     obs = sim.run().observation
@@ -133,6 +136,7 @@ def test_stop_after_observation(digits):
     assert res.rounds_run == 2 and res.observation.round == 1
 
 
+@pytest.mark.numeric
 def test_per_example_grads_match_loop():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 7), nn.Tanh(), nn.Linear(7, 3))
@@ -197,6 +201,7 @@ def test_every_hook_is_called(digits):
     assert ("per_example", 4) in rec.calls
 
 
+@pytest.mark.numeric
 def test_per_example_path_matches_plain_path(digits):
     """A per-example hook that just averages must give the same model as plain autograd."""
     sc = Scenario.from_dict(
@@ -354,6 +359,7 @@ _STREAM_SC = dict(
 )
 
 
+@pytest.mark.numeric
 def test_hook_generator_streams_are_unchanged(digits):
     """The generators handed to the hooks give the draws they gave before they were made lazily
     (values recorded with the eager code: seed 3, participants [2, 3] then [1, 3])."""
@@ -382,6 +388,7 @@ def test_hook_generator_streams_are_unchanged(digits):
         assert got[4] == pytest.approx(want[4], rel=1e-12, abs=0)
 
 
+@pytest.mark.numeric
 def test_dp_gaussian_noise_stream_is_unchanged(digits):
     """dp-gaussian's noise for seed 3 (per client update, the first tensor's sum) and the model it
     trains equal the values recorded before the generators were made lazily.
