@@ -25,6 +25,26 @@ def test_every_subpackage_is_declared():
     assert found - declared == set(), "add these to [tool.setuptools] packages in pyproject.toml"
 
 
+def test_every_data_file_is_package_data():
+    """Each non-Python file under fedbench/ is matched by its folder's `package-data` globs, so the
+    wheel ships it (a declared folder without them installs empty)."""
+    from fnmatch import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [
+        p
+        for p in (ROOT / "fedbench").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert any(p.name == "site.css" for p in data)
+    missing = [
+        p.relative_to(ROOT).as_posix()
+        for p in data
+        if not any(fnmatch(p.name, g) for g in globs.get(".".join(p.parent.relative_to(ROOT).parts), []))
+    ]
+    assert missing == [], "add them to [tool.setuptools.package-data] in pyproject.toml"
+
+
 def test_license_is_an_spdx_expression_the_build_backend_reads():
     """A TOML-table license makes setuptools print a deprecation page three times per `pip install`."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
