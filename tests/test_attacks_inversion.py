@@ -364,11 +364,11 @@ def test_plateau_schedule_reaches_the_paper_schedules_objective_sooner(digits):
     the target is 2x the paper's final objective or 1e-6, whichever is larger. The paper's schedule holds
     lr 0.1 until its first milestone (600 * 3/8 = 225), and signed Adam at lr 0.1 jitters at ~1e-5: it
     needs ~230 iterations whatever the kernels. The plateau schedule decays as soon as lr 0.1 stalls
-    (~75-95 iterations) and is at the target by ~90-110 (default, avx2 and avx2 with MKL/oneDNN capped
-    to SSE4: the same within 20 iterations). Two thirds of the paper's count leaves ~45 iterations of
-    margin. When it *stops* is not asserted here: at the float floor rounding noise reads as progress,
-    so the stop iteration (140-360 across kernels) is the float path's, not the schedule's; stopping is
-    test_plateau_schedule_batched_runs_decide_per_candidate_and_stop_when_converged's.
+    (~75-95 iterations) and is at the target by 90-110 (starts 0, 1, 3 under ATEN default and avx2,
+    each also with MKL/oneDNN capped to SSE4). Two thirds of the paper's count (~155) leaves 45-65
+    iterations of margin. When it *stops* is not asserted here: at the float floor rounding noise reads
+    as progress, so the stop iteration (140-360 on those kernels) is the float path's, not the
+    schedule's; stopping is test_plateau_schedule_batched_runs_decide_per_candidate_and_stop_when_converged's.
     """
     from fedbench.attacks._schedules import Plateau
 
