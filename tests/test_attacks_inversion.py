@@ -25,6 +25,9 @@ MEAN, STD = 0.3, 0.4
 META = DatasetMeta("digits8", (1, 8, 8), 10, "image", (MEAN,), (STD,))
 CPU = torch.device("cpu")
 
+# every test here follows an optimiser or compares float paths: rerun under each CPU capability (.ci/run)
+pytestmark = pytest.mark.numeric
+
 
 def lenet(seed: int = 1) -> nn.Module:
     torch.manual_seed(seed)
@@ -354,8 +357,19 @@ def test_plateau_schedule_batched_runs_decide_per_candidate_and_stop_when_conver
 
 
 def test_plateau_schedule_reaches_the_paper_schedules_objective_sooner(digits):
-    """The point of the schedule: what the paper's fixed milestones reach at the end of their budget,
-    the plateau schedule reaches (to within 2x in objective) in far fewer iterations."""
+    """The point of the schedule: what the paper's fixed milestones reach at the end of their budget
+    (to within 2x in objective), the plateau schedule reaches in far fewer iterations, both measured here.
+
+    Both schedules end at the float32 floor of the cosine cost (|objective| ~ 1e-7, rounding noise), so
+    the target is 2x the paper's final objective or 1e-6, whichever is larger. The paper's schedule holds
+    lr 0.1 until its first milestone (600 * 3/8 = 225), and signed Adam at lr 0.1 jitters at ~1e-5: it
+    needs ~230 iterations whatever the kernels. The plateau schedule decays as soon as lr 0.1 stalls
+    (~75-95 iterations) and is at the target by 90-110 (starts 0, 1, 3 under ATEN default and avx2,
+    each also with MKL/oneDNN capped to SSE4). Two thirds of the paper's count (~155) leaves 45-65
+    iterations of margin. When it *stops* is not asserted here: at the float floor rounding noise reads
+    as progress, so the stop iteration (140-360 on those kernels) is the float path's, not the
+    schedule's; stopping is test_plateau_schedule_batched_runs_decide_per_candidate_and_stop_when_converged's.
+    """
     from fedbench.attacks._schedules import Plateau
 
     matcher, y = _problem(digits)
@@ -363,9 +377,15 @@ def test_plateau_schedule_reaches_the_paper_schedules_objective_sooner(digits):
     box = inv.box_bounds(META, 1, CPU)
     kw = dict(labels=y, optimizer="adam-signed", lr=0.1, box=box)
     paper = inv.reconstruct_batched(matcher, x0, iterations=600, **kw)
-    auto = inv.reconstruct_batched(matcher, x0, iterations=600, plateau=Plateau(10, check_every=5), **kw)
-    assert auto.iterations < 600 / 3
-    assert float(auto.objective[0]) <= max(2 * float(paper.objective[0]), 1e-6)
+    target = max(2 * float(paper.objective[0]), 1e-6)
+    paper_needs = inv.reconstruct_batched(matcher, x0, iterations=600, success_threshold=target, **kw)
+    paper_iterations = paper_needs.iterations_to_success[0]
+    assert paper_iterations is not None
+    # a capped plateau run is the uncapped run's prefix (its decisions read only the past)
+    budget = 2 * paper_iterations // 3
+    auto = inv.reconstruct_batched(matcher, x0, iterations=budget, plateau=Plateau(10, check_every=5), **kw)
+    assert float(auto.objective[0]) <= target, (budget, paper_iterations, auto.lr_decays)
+    assert auto.lr_decays[0], "reached without a decay: the problem no longer tells the schedules apart"
 
 
 def test_plateau_schedule_without_decay_stops_at_the_first_plateau_and_respects_the_cap(digits):

@@ -94,6 +94,7 @@ def test_cohort_observation_holds_every_participant():
     assert all(len(o.attr_true["attr"]) == 1 for o in obs.cohort)
 
 
+@pytest.mark.numeric
 def test_attack_beats_majority_on_a_planted_attribute_with_every_adversary(tmp_path):
     cache = RunCache(tmp_path / "c")
     for adversary in ("stru-nn", "svm", "rf"):
@@ -178,6 +179,7 @@ def test_train_on_defaults_to_clean_and_keeps_the_earlier_cache_key():
         ComponentSpec.resolve("attack", "aia", {"train_on": "adaptive"})
 
 
+@pytest.mark.numeric
 def test_replayed_pool_update_is_the_update_the_client_sent():
     """pool=overlap puts the victims in the pool: the replay of a deterministic defense must reproduce
     each victim's shared update exactly (one zoo member, Q = 1: RecUP-FL's sampling is fixed)."""
@@ -225,6 +227,7 @@ def test_replayed_pool_update_is_the_update_the_client_sent():
             )
 
 
+@pytest.mark.numeric
 def test_defense_aware_adversary_sees_through_dp_noise_and_recup(tmp_path):
     cache = RunCache(tmp_path / "c")
     asr = {}

@@ -27,6 +27,9 @@ from fedbench import registry
 from fedbench.cli import app
 from fedbench.reporting import leaderboard as lb
 
+# training and attack outcomes (accuracy gaps, audited epsilon): rerun under each CPU capability
+pytestmark = pytest.mark.numeric
+
 PLUGIN = Path(__file__).parent / "plugins" / "broken_dp.py"
 CLAIM = 0.05  # the target epsilon both DP rows claim (at delta 1e-5, example level)
 BROKEN = f"broken-dp[epsilon={CLAIM:g}]"

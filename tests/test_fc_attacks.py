@@ -41,6 +41,7 @@ def _sdan_case(seed=0, batch=8):
     return model, pixels, x, y
 
 
+@pytest.mark.numeric
 def test_sdan_recovery_is_exact_to_float_precision():
     model, pixels, x, y = _sdan_case()
     attack = registry.attacks.get("fc-leakage")()

@@ -32,6 +32,7 @@ def _batch(shape=(1, 28, 28), n=6, classes=10, seed=0):
     return torch.randn(n, *shape, generator=g), torch.randint(0, classes, (n,), generator=g)
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize(
     "model,params,shape",
     [("lenet", {}, (1, 28, 28)), ("cdp-cnn", {}, (1, 28, 28)), ("mlp", {"hidden": [32, 16]}, (20,))],
@@ -82,6 +83,7 @@ def test_fed_cdp_noise_std(noise, scale):
     assert float(out.std()) == pytest.approx(sigma * clip / scale(batch), rel=0.03)
 
 
+@pytest.mark.numeric
 def test_fed_cdp_mean_of_clipped_gradients_without_noise_dominance():
     d = create_defense("fed-cdp", sigma=1e-9, clip=1.0)
     grads = {"w": torch.randn(8, 50) * 100}

@@ -164,6 +164,7 @@ def _gm(plain):
     return gradient_modification(plain, None, m=1.5, mode="top-rho", rho=0.1, tau=0)[0]
 
 
+@pytest.mark.numeric
 def test_dlg_reconstructs_plain_updates_better_than_gm_updates():
     """The paper's attacker (plain DLG) matches the transmitted gradient as is: GM hides the image."""
     plain_mse, gm_mse = _dlg_mse(lambda g: g, "off"), _dlg_mse(_gm, "off")

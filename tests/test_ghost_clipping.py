@@ -46,6 +46,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> bool:
     return bool((a - b).abs().max() <= rtol * b.abs().max().clamp_min(1e-30))
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("loss", ["ce", "mse"])
 @pytest.mark.parametrize("name,params", MODELS)
 def test_ghost_norms_and_weighted_mean_equal_torch_func(name, params, loss):
@@ -66,6 +67,7 @@ def test_ghost_norms_and_weighted_mean_equal_torch_func(name, params, loss):
         assert _close(means[k], torch.tensordot(factors[k], g, dims=1) / len(x)), k
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("noise", ["batch", "example"])
 @pytest.mark.parametrize("name,params", MODELS)
 def test_fed_cdp_ghost_equals_materialise(name, params, noise):
@@ -85,6 +87,7 @@ def test_fed_cdp_ghost_equals_materialise(name, params, noise):
             assert _close(new[k], old[k]), (clip, k)
 
 
+@pytest.mark.numeric
 def test_fed_cdp_decay_ghost_uses_the_round_bound():
     torch.manual_seed(0)
     model = build_model("cdp-cnn", {}, (1, 28, 28), 10)
@@ -118,6 +121,7 @@ class _Positions(nn.Module):
         return self.head(h.mean(1))
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("loss", ["ce", "mse"])
 def test_ghost_norms_at_several_positions(loss):
     torch.manual_seed(0)
@@ -197,6 +201,7 @@ def test_layers_that_mix_or_draw_per_batch_are_not_covered_in_train_mode():
     assert coverage(drop.eval()) is None
 
 
+@pytest.mark.numeric
 def test_dp_sgd_flat_clipping_from_ghost_norms_equals_materialise():
     """dp-sgd clips each whole per-example gradient: its flat factor comes from the per-layer ghost
     norms (||g_i||^2 = sum of the layers' squares), so `per_example=ghost` needs no per-example
@@ -273,6 +278,7 @@ def test_per_example_option_keeps_run_ids_at_its_default():
     assert create_defense("fed-cdp").params.per_example == "materialise"
 
 
+@pytest.mark.numeric
 def test_simulation_with_ghost_clipping_trains_like_the_default():
     """A whole Fed-CDP run (noise, clipping, FedAvg) through the engine: the two settings agree to float
     tolerance, and the ghost path never makes per-example buffers of the training steps."""

@@ -65,6 +65,7 @@ def _pair_auc(scores, positives, negatives):
     return float((a > b).mean() + 0.5 * (a == b).mean())
 
 
+@pytest.mark.numeric
 def test_lira_calibrates_each_example_on_a_memorising_model():
     """An MLP that memorised 32 points, a quarter of them mislabelled ("hard": no model that did not
     train on one predicts its label): LiRA beats chance, and ranks the hard members above the easy

@@ -47,6 +47,7 @@ def test_layer_choices_of_both_papers_and_code():
         Loda({"layers": "middle:3"})
 
 
+@pytest.mark.numeric
 def test_obscuring_objective_decreases_and_images_stay_in_box(digits):
     torch.manual_seed(0)
     tap = core.FeatureTap(core.build_extractor((1, 8, 8), 10, 4), layer_indices("first:5", 20))
@@ -58,6 +59,7 @@ def test_obscuring_objective_decreases_and_images_stay_in_box(digits):
     assert out.pixel[-1] > out.pixel[0]  # pushed away from the private image
 
 
+@pytest.mark.numeric
 def test_loda_keeps_labels_returns_private_source_and_valid_images(digits):
     d = _loda(digits)
     x, y = digits.x_train[:8], digits.y_train[:8]
@@ -110,6 +112,7 @@ def test_mixup_lambdas_sum_to_one_and_respect_the_bound():
         MixUp({"k": 6, "max_coef": 0.1})
 
 
+@pytest.mark.numeric
 def test_mixup_and_instahide_encodings(digits):
     x, y = digits.x_train[:10], digits.y_train[:10]
     mix = MixUp({"k": 4, "encodings": 2})
@@ -135,6 +138,7 @@ def test_gradient_pruning_zeroes_the_smallest_fraction_per_tensor():
     assert torch.equal(prune_smallest(g, 0.0), g)
 
 
+@pytest.mark.numeric
 def test_decoding_breaks_mixup_given_its_encodings(digits):
     from fedbench.attacks._adaptive_core import decode
 
@@ -148,6 +152,7 @@ def test_decoding_breaks_mixup_given_its_encodings(digits):
     assert float(psnr(to_unit(x, digits.meta), decoded).mean()) > 20
 
 
+@pytest.mark.numeric
 def test_stationary_inversion_reduces_the_residual(digits):
     torch.manual_seed(0)
     tap = core.FeatureTap(core.build_extractor((1, 8, 8), 10, 4), layer_indices("first:5", 20))

@@ -91,6 +91,7 @@ def test_design_is_balanced_class_matched_and_excludes_reserved_examples():
         core.membership_split(data, 0, "victim", "test", "class-matched", 3, np.random.default_rng(0))
 
 
+@pytest.mark.numeric
 def test_loss_and_direct_attacks_detect_a_memorising_model():
     """An MLP that memorised random labels: members have near-zero loss, non-members do not."""
     data = _run_data(n_train=120, n_test=120)

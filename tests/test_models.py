@@ -74,6 +74,7 @@ def _loop_grads(model, x, y):
     return {k: torch.stack(v) for k, v in out.items()}
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize(
     "name,params,shape,mode",
     [
@@ -103,6 +104,7 @@ def test_per_example_grads_match_loop(name, params, shape, mode):
         torch.testing.assert_close(fast[k], slow[k], atol=1e-6, rtol=1e-5, msg=f"{name} {k}")
 
 
+@pytest.mark.numeric
 def test_per_example_grads_float32_mlp_lenet_fcnn():
     torch.manual_seed(2)
     for name, params in (("mlp", None), ("lenet", None), ("fcnn", {"fc1_width": 32, "depth": 3})):

@@ -65,6 +65,7 @@ def _zero_fraction(obs) -> float:
 # ------------------------------------------------------------------------------ defect 1: pruning
 
 
+@pytest.mark.numeric
 def test_example_observation_is_the_pruned_example_gradient(digits):
     """LODA's presets attack observe=example: under gradient pruning the attacker sees the pruned
     gradient (before the fix it saw the raw one, and the pruning rows equalled no defense)."""
@@ -79,6 +80,7 @@ def test_example_observation_is_the_pruned_example_gradient(digits):
     assert pruned.defense_hooks == ("step",) and pruned.sparsified
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("defense", ["none", "gradient-pruning", "soteria"])
 def test_example_equals_step_at_batch_size_one(digits, defense):
     """The example observation is the per-step pipeline on a batch of that one example."""

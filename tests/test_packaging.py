@@ -13,9 +13,43 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_subpackage_is_declared():
+    """Data folders too: Python imports any folder, so setuptools counts them as packages and prints a
+    page of warnings per undeclared one on `pip install` (their files still need `package-data`)."""
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fedbench").rglob("__init__.py")}
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "fedbench").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert "fedbench.data.files" in found and "fedbench.reporting.templates" in found
     assert found - declared == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_every_data_file_is_package_data():
+    """Each non-Python file under fedbench/ is matched by its folder's `package-data` globs, so the
+    wheel ships it (a declared folder without them installs empty)."""
+    from fnmatch import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [
+        p
+        for p in (ROOT / "fedbench").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert any(p.name == "site.css" for p in data)
+    missing = [
+        p.relative_to(ROOT).as_posix()
+        for p in data
+        if not any(fnmatch(p.name, g) for g in globs.get(".".join(p.parent.relative_to(ROOT).parts), []))
+    ]
+    assert missing == [], "add them to [tool.setuptools.package-data] in pyproject.toml"
+
+
+def test_license_is_an_spdx_expression_the_build_backend_reads():
+    """A TOML-table license makes setuptools print a deprecation page three times per `pip install`."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "MIT"
+    assert "setuptools>=77" in project["build-system"]["requires"]  # SPDX `license` needs 77
 
 
 def test_builtin_presets_resolve_through_the_package():

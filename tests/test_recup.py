@@ -37,6 +37,7 @@ def test_one_step_fgsm_ascends_the_defender_loss_by_eps_per_coordinate():
     assert torch.allclose(out1, -out)  # the other label: the opposite direction
 
 
+@pytest.mark.numeric
 def test_meta_perturbation_keeps_only_meta_test_steps_within_p_eps():
     torch.manual_seed(0)
     zoo = [
@@ -104,6 +105,7 @@ def test_zoo_is_trained_once_per_round_and_attribute_and_cached_on_disk(tmp_path
         assert len(calls) == 2
 
 
+@pytest.mark.numeric
 def test_multi_attribute_is_the_gamma_weighted_sum_and_assignment_is_per_client():
     bundle = load_dataset("adult")
     model = build_model("mlp", {"hidden": [4]}, (103,), 2)
@@ -156,6 +158,7 @@ PLANTED = {
 SCENARIO = dict(protocol="fedsgd", clients=60, rounds=1, batch_size=0, lr=0.1, train_size=60, test_size=100)
 
 
+@pytest.mark.numeric
 def test_recup_lowers_the_attack_on_a_planted_attribute(tmp_path):
     cache = RunCache(tmp_path / "c")
     attack = ComponentSpec.resolve("attack", "aia", {"pool_size": 300, "epochs": 30, "stru_widths": [16]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fedbench import registry
@@ -64,6 +65,7 @@ def test_neuron_selection_excludes_taken_and_overused():
     assert select_neurons(scores, 1, torch.tensor([False, False, False, True]), every, 0.0).tolist() == [0]
 
 
+@pytest.mark.numeric
 def test_sdan_loss_decreases_during_training():
     from fedbench.attacks._sdan_core import aux_inputs, train_sdan
     from fedbench.fl.seeding import torch_generator
@@ -79,6 +81,7 @@ def test_sdan_loss_decreases_during_training():
     assert result.weight.shape == (32, 64) and result.bias.shape == (32,)
 
 
+@pytest.mark.numeric
 def test_poisoning_replaces_fc1_and_recovers_the_batch():
     bundle = load_dataset("digits")
     x, y = bundle.x_train[:8], bundle.y_train[:8]
@@ -105,6 +108,7 @@ def _pixel_activations(weight, bias, meta, x_pixels):
     return xn @ weight.T + bias
 
 
+@pytest.mark.numeric
 def test_gradient_delivery_equals_replacement_up_to_rounding():
     bundle = load_dataset("digits")
     honest = _fcnn()
@@ -119,6 +123,7 @@ def test_gradient_delivery_equals_replacement_up_to_rounding():
             assert torch.allclose(g, r, rtol=1e-5, atol=1e-5), (name, key, float((g - r).abs().max()))
 
 
+@pytest.mark.numeric
 def test_trap_weights_are_built_for_pixels_and_folded_into_the_normalisation():
     from fedbench.attacks._fc_recovery import trap_weights
     from fedbench.fl.seeding import torch_generator
@@ -136,6 +141,7 @@ def test_trap_weights_are_built_for_pixels_and_folded_into_the_normalisation():
     assert torch.allclose(folded, pixels @ trap.T, atol=1e-4)  # zero bias, trap weights on raw pixels
 
 
+@pytest.mark.numeric
 def test_published_sdan_loss_is_saturated_from_the_trap_init_and_the_variant_is_not():
     """The finding behind the README's sdan-poisoning section, kept as a test so it cannot drift.
 
@@ -166,6 +172,7 @@ def test_published_sdan_loss_is_saturated_from_the_trap_init_and_the_variant_is_
     assert active_after < 0.5 * active_before, (active_before, active_after)
 
 
+@pytest.mark.numeric
 def test_end_to_end_fedsgd_update():
     scenario = Scenario.from_dict(
         dict(clients=2, rounds=1, local_steps=1, batch_size=8, lr=0.05, train_size=40, test_size=20)

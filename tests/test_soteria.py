@@ -37,6 +37,7 @@ def test_defend_layer_choice():
         defend_layer(torch.nn.Sequential(torch.nn.ReLU()), "last")
 
 
+@pytest.mark.numeric
 def test_feature_scores_equal_ggl_per_feature_loop():
     net = _net().double()
     x = torch.randn(6, 20, dtype=torch.float64)
@@ -57,6 +58,7 @@ def test_feature_scores_equal_ggl_per_feature_loop():
     assert torch.allclose(got, ref.abs(), rtol=1e-9)
 
 
+@pytest.mark.numeric
 def test_relu_features_at_batch_32_are_ranked_not_tied():
     # issue 16 (6): on an MLP 256-256 at B=32, a ReLU feature that is zero for any one example got an
     # infinite score, so 253 of 256 features tied and pruning fell back to index order
