@@ -403,6 +403,25 @@ def test_plateau_schedule_without_decay_stops_at_the_first_plateau_and_respects_
     assert capped.stopped == "budget" and capped.iterations == 30
 
 
+def test_plateau_schedule_sees_a_plateau_below_zero():
+    """A cosine cost can dip just below 0 by rounding; a constant negative objective is a plateau (an
+    improvement must beat best by rtol of |best|), so the schedule decays and stops instead of running
+    to its cap (it did, on AVX2 kernels: best -2.4e-7 recurring counted as progress)."""
+    from fedbench.attacks._schedules import Plateau
+
+    class Flat:
+        def objective(self, x, y):
+            return (x * 0).flatten(1).sum(1) - 2.4e-7
+
+    x0 = torch.zeros((2, 1, 1, 4, 4))
+    res = inv.reconstruct_batched(
+        Flat(), x0, labels=torch.zeros(1, dtype=torch.long), optimizer="adam-signed", iterations=5000,
+        lr=0.1, box=None, plateau=Plateau(patience=10, check_every=5),
+    )  # fmt: skip
+    assert res.stopped == "converged" and res.iterations < 100
+    assert [len(d) for d in res.lr_decays] == [3, 3]
+
+
 def test_ig_default_is_the_auto_schedule_and_a_number_keeps_the_papers(digits):
     obs = observe(digits, [4])
     auto = run(InvertingGradients({}), obs)

@@ -517,7 +517,9 @@ def _adam_signed_plateau(
         x = torch.stack(xs)
         obj = matcher.objective(x, y)
         bad_at = torch.where((bad_at < 0) & ~torch.isfinite(obj).all(), it, bad_at)
-        better = obj.detach() < best * (1 - plateau.rtol)
+        # improved: below best by rtol of |best|; a cosine cost can dip just below 0 by rounding, where
+        # best * (1 - rtol) would lie above best and a repeated value would count as an improvement
+        better = obj.detach() < torch.where(best > 0, best * (1 - plateau.rtol), best * (1 + plateau.rtol))
         improved_at = torch.where(better, it, improved_at)
         best = torch.where(better, obj.detach(), best)
         if it % plateau.check_every == 0 and it:
