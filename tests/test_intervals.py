@@ -9,13 +9,13 @@ import math
 
 import pytest
 from scipy.stats import binomtest
-from test_committed_intervals import _close
 from test_tables import FINISHED, write_synthetic
 
 from fedbench.errors import FedbenchError
 from fedbench.metrics.catalogue import METRICS
 from fedbench.reporting import board_stats, intervals
 from fedbench.reporting import leaderboard as lb
+from fedbench.reporting.board_stats import same_statistics as _close
 from fedbench.reporting.tables import aggregate, format_cell, load_results, pivot, to_markdown
 
 # ------------------------------------------------------------------------------------ the statistics
