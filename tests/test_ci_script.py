@@ -37,7 +37,7 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def run_ci(tmp_path: Path, *, native: str, flags: str, fail_under: str = "none"):
+def run_ci(tmp_path: Path, *, native: str, flags: str, fail_under: str = "none", caller_aten: str = ""):
     repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
     (repo / ".ci").mkdir(parents=True)
     (repo / ".venv" / "bin").mkdir(parents=True)
@@ -57,7 +57,10 @@ def run_ci(tmp_path: Path, *, native: str, flags: str, fail_under: str = "none")
         "FAKE_FAIL_UNDER": fail_under,
         "FEDBENCH_CPUINFO": str(cpuinfo),
         "FEDBENCH_CACHE_DIR": str(tmp_path / "cache"),
+        "ATEN_CPU_CAPABILITY": caller_aten,  # the caller's setting (the suite may run under one)
     }
+    if not caller_aten:
+        del env["ATEN_CPU_CAPABILITY"]
     out = subprocess.run(["bash", str(repo / ".ci" / "run")], env=env, capture_output=True, text=True)
     return out, calls.read_text().splitlines() if calls.exists() else []
 
@@ -135,3 +138,12 @@ def test_the_numeric_set_is_large_enough_to_mean_something():
     """Marks are not dropped wholesale: 66 test functions in 17 files carried it when this was written."""
     counts = {p.name: len(_numeric_tests(p)) for p in (ROOT / "tests").glob("test_*.py")}
     assert sum(counts.values()) >= 60 and sum(1 for c in counts.values() if c) >= 12, counts
+
+
+def test_the_native_capability_is_the_cpus_whatever_the_caller_set(tmp_path):
+    """Run under ATEN_CPU_CAPABILITY=default (as a whole suite may be), an AVX-512 CPU still reruns
+    under default and avx2: the native choice is read with the variable unset."""
+    out, calls = run_ci(tmp_path, native="avx512", flags="avx avx2 avx512f", caller_aten="default")
+    assert out.returncode == 0, out.stderr
+    assert [c.split()[1] for c in calls[1:]] == ["ATEN_CPU_CAPABILITY=default", "ATEN_CPU_CAPABILITY=avx2"]
+    assert "(native: avx512)" in out.stdout
