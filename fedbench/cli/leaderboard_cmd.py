@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -325,15 +325,9 @@ def epsilon_cmd(
       fedbench leaderboard epsilon membership-mnist5k-mlp --check
     """
     from fedbench.reporting.board_epsilon import NotRefreshable, refresh_epsilon
-    from fedbench.reporting.leaderboard import board_names, check_board_name, load_board, render, write_board
 
-    names = board or board_names(root)
-    for name in names:
-        check_board_name(root, name)
-    moved = 0
-    for name in names:
-        b, entries = load_board(root / name)
-        fresh = []
+    def refresh(name: str, b, entries: list) -> tuple[list, int]:
+        fresh, moved = [], 0
         for entry in entries:
             try:
                 new = refresh_epsilon(entry)
@@ -345,16 +339,18 @@ def epsilon_cmd(
                 old_eps, new_eps = entry["metrics"].get("epsilon"), new["metrics"].get("epsilon")
                 err.print(f"{name}: {entry['defense']}: epsilon {old_eps} -> {new_eps}", highlight=False)
             fresh.append(new)
-        if not check and fresh != entries:
-            write_board(root, b, fresh)
-            render(root, [name])
-    if check and moved:
-        err.print(
-            f"{moved} entries hold another epsilon; run 'fedbench leaderboard epsilon'", highlight=False
-        )
-        raise typer.Exit(1)
-    if not moved:
-        err.print("every entry's epsilon is today's accountant's", highlight=False)
+        return fresh, moved
+
+    _rewrite_entries(
+        board,
+        root,
+        check,
+        refresh,
+        stale=lambda moved: (
+            f"{sum(moved.values())} entries hold another epsilon; run 'fedbench leaderboard epsilon'"
+        ),
+        current="every entry's epsilon is today's accountant's",
+    )
 
 
 @_command("restat")
@@ -381,31 +377,55 @@ def restat_cmd(
       fedbench leaderboard restat inversion-fedsgd-mnist5k-mlp --check
     """
     from fedbench.reporting import board_legacy, board_stats
-    from fedbench.reporting.leaderboard import board_names, check_board_name, load_board, render, write_board
 
-    names = board or board_names(root)
-    for name in names:
-        check_board_name(root, name)
-    moved = []
-    for name in names:
-        b, entries = load_board(root / name)
+    def refresh(name: str, b, entries: list) -> tuple[list, int]:
         if all(board_stats.has_per_seed(e) for e in entries):
             fresh = board_stats.restat_board(b, entries)
         else:
             fresh = [e if board_stats.has_per_seed(e) else board_legacy.bound_entry(e) for e in entries]
-        changed = [
-            e["defense"] for e, f in zip(entries, fresh, strict=True) if not board_stats.same_statistics(e, f)
-        ]
-        if changed:
-            moved.append(name)
-            err.print(f"{name}: {len(changed)} of {len(entries)} entries restated", highlight=False)
+        moved = sum(not board_stats.same_statistics(e, f) for e, f in zip(entries, fresh, strict=True))
+        if moved:
+            err.print(f"{name}: {moved} of {len(entries)} entries restated", highlight=False)
+        return fresh, moved
+
+    _rewrite_entries(
+        board,
+        root,
+        check,
+        refresh,
+        stale=lambda moved: f"stale statistics in {', '.join(moved)}; run 'fedbench leaderboard restat'",
+        current="every entry's statistics are current",
+    )
+
+
+def _rewrite_entries(
+    boards: list[str] | None,
+    root: Path,
+    check: bool,
+    refresh: Callable[[str, Any, list], tuple[list, int]],
+    stale: Callable[[dict[str, int]], str],
+    current: str,
+) -> None:
+    """What `epsilon` and `restat` share: every named board (default all; unknown names fail first) is
+    loaded, `refresh(name, board, entries)` returns its new entries and how many moved, and a board
+    with any moved is rewritten and re-rendered, or, with `check`, nothing is written and the command
+    exits 1 with `stale({board: moved})`; `current` is said when nothing moved."""
+    from fedbench.reporting.leaderboard import board_names, check_board_name, load_board, render, write_board
+
+    names = boards or board_names(root)
+    for name in names:
+        check_board_name(root, name)
+    moved: dict[str, int] = {}
+    for name in names:
+        b, entries = load_board(root / name)
+        fresh, count = refresh(name, b, entries)
+        if count:
+            moved[name] = count
             if not check:
                 write_board(root, b, fresh)
                 render(root, [name])
     if check and moved:
-        err.print(
-            f"stale statistics in {', '.join(moved)}; run 'fedbench leaderboard restat'", highlight=False
-        )
+        err.print(stale(moved), highlight=False)
         raise typer.Exit(1)
     if not moved:
-        err.print("every entry's statistics are current", highlight=False)
+        err.print(current, highlight=False)

@@ -119,12 +119,7 @@ def _imports_and_strip_docstrings(tree: ast.AST, name: str, is_package: bool) ->
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - (node.level - 1)]) if node.level > 1 else package
-                module = f"{base}.{node.module}" if node.module else base
-            else:
-                module = node.module or ""
+            module = _imported_module(node, package)
             out.add(module)
             out.update(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
         elif isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
@@ -393,6 +388,15 @@ def _bound_names(node: ast.stmt) -> list[str]:
     return []
 
 
+def _imported_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a `from ... import` statement in `package` reads from."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    base = ".".join(parts[: len(parts) - (node.level - 1)]) if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
 def _import_names(node: ast.AST, module: str, is_package: bool) -> dict[str, str]:
     """{local name: module or module.name} of the imports in `node` (at any depth of its statements)."""
     out: dict[str, str] = {}
@@ -402,12 +406,7 @@ def _import_names(node: ast.AST, module: str, is_package: bool) -> dict[str, str
             for alias in stmt.names:  # `import a.b.c` binds `a`; its code uses a.b.c: count a.b.c
                 out[alias.asname or alias.name.partition(".")[0]] = alias.name
         elif isinstance(stmt, ast.ImportFrom):
-            if stmt.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - (stmt.level - 1)]) if stmt.level > 1 else package
-                source = f"{base}.{stmt.module}" if stmt.module else base
-            else:
-                source = stmt.module or ""
+            source = _imported_module(stmt, package)
             out.update({alias.asname or alias.name: f"{source}.{alias.name}" for alias in stmt.names})
     return out
 
