@@ -187,7 +187,7 @@ def _set(doc, path, value):
     "file,path,value,match",
     [
         ("entry", ("metrcis",), {}, r"has unknown key 'metrcis'; did you mean 'metrics'\?"),
-        ("entry", ("schema",), 3, r"none.json: schema 3 is not one of 1, 2; re-export the board"),
+        ("entry", ("schema",), 4, r"none.json: schema 4 is not one of 1, 2, 3; re-export the board"),
         ("entry", ("metrics", "test_acc"), _DELETE, r"none.json: metrics: missing key 'test_acc'"),
         ("entry", ("metrics", "test_acc", "n"), True, r"metrics.test_acc.n must be an integer, got True"),
         ("entry", ("metrics", "test_acc", "n"), 0, r"metrics.test_acc.n must be >= 1, got 0"),

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from fedbench.cli import board_ops_cmd  # noqa: F401  (registers leaderboard verify/add)
 from fedbench.cli.cache_cmd import cache_app
 from fedbench.cli.compare import compare_cmd
 from fedbench.cli.epsilon_cmd import epsilon_cmd

@@ -19,7 +19,8 @@ from typing import Any
 
 from fedbench.errors import FedbenchError
 from fedbench.metrics.catalogue import METRICS, metric
-from fedbench.reporting.board_schema import SCHEMA_VERSION, Board, parse
+from fedbench.reporting.board_inputs import entry_inputs
+from fedbench.reporting.board_schema import METHOD2_SCHEMA, SCHEMA_VERSION, Board, parse
 from fedbench.reporting.board_stats import headline_per_seed, stat_record, with_rank_stability
 from fedbench.reporting.intervals import INPUT_COLUMNS, inputs_column
 from fedbench.reporting.ranking import is_missing, rounded
@@ -53,12 +54,14 @@ def build(
     board_name: str | None = None,
     where: Sequence[str] = (),
     command: str | None = None,
+    baseline: dict[str, Any] | None = None,
 ) -> tuple[Board, list[dict[str, Any]]]:
     """The board definition and one entry per defense configuration from a results set.
 
     The results must be one scenario, except the attacker's vantage point (`VARYING_OBSERVATION`):
     several victims are pooled (each victim's run is more inputs), several observation points or rounds
-    become attack columns ("cpl @update"); see `observation_view`.
+    become attack columns ("cpl @update"); see `observation_view`. `baseline`: a committed `none`
+    entry that stands in for `none`'s runs (`leaderboard add` puts one configuration on a board).
     """
     frame = apply_where(results.frame, where)
     ok = frame[frame["status"] == "ok"]
@@ -72,7 +75,7 @@ def build(
             f"a board is one scenario, but these results vary in {', '.join(fixed)}; "
             f"pick one with --where, e.g. --where {fixed[0]}={ok[fixed[0]].iloc[0]}"
         )
-    if "none" not in set(ok["defense"]):
+    if "none" not in set(ok["defense"]) and baseline is None:
         raise FedbenchError("a board needs the 'none' baseline; add -D none to the run")
     spec = results.board
     preset = str(_first(ok["preset"]) or "") if "preset" in ok else ""
@@ -80,6 +83,9 @@ def build(
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name):
         raise FedbenchError(f"board name {name!r}: use letters, digits, '-', '_' or '.'")
     view, per_image = observation_view(ok, results.per_image, varying)
+    method2 = bool(spec.get("primary"))
+    # the v2 method keeps each run's inputs: observation points as attack labels, victims not pooled
+    unpooled = observation_view(ok, results.per_image, [c for c in varying if c not in POOLED_OBSERVATION])[0]
     if "epsilon" in view:  # an infinite epsilon is the entry's business (`_epsilon`), not a mean's
         view = view.assign(epsilon=view["epsilon"].astype(float).replace([math.inf, -math.inf], math.nan))
     attacked = view[view["attack"] != ""]
@@ -134,9 +140,14 @@ def build(
                 attack, stat = found[0]
                 worst[m] = dict(stat, attack=attack, per_input=False, selection=ONLY_ATTACK) if stat else None
         created = [str(x) for x in runs.get("created_at", []) if not is_missing(x)]
+        extra: dict[str, Any] = {}
+        if method2:
+            per_input, per_seed = entry_inputs(unpooled[unpooled["defense"] == defense], results.per_image)
+            extra = {"per_input": per_input, "per_seed": per_seed}
         entries.append(
             {
-                "schema": SCHEMA_VERSION,
+                **extra,
+                "schema": METHOD2_SCHEMA if method2 else SCHEMA_VERSION,
                 "board": name,
                 "defense": defense,
                 "defense_name": str(_first(runs["defense_name"]) or defense.split("[")[0]),
@@ -162,10 +173,23 @@ def build(
                 "date": max(created)[:10] if created else "",
             }
         )
+    v2 = (
+        {
+            "board_version": 2,
+            "primary": metric(spec["primary"]).name,
+            "utility_budget": float(spec["utility_budget"]),
+            "threat_id": str(spec.get("threat_id") or ""),
+            "knowledge": dict(spec.get("knowledge") or {}),
+            "environment": compute_environment(),
+        }
+        if method2
+        else {}
+    )
     board = parse(
         Board,
         {
-            "schema": SCHEMA_VERSION,
+            **v2,
+            "schema": METHOD2_SCHEMA if method2 else SCHEMA_VERSION,
             "name": name,
             "title": str(spec.get("title") or sidecar.get("description") or name),
             "description": str(spec.get("description") or sidecar.get("description") or ""),
@@ -190,8 +214,17 @@ def build(
         },
         f"board {name}",
     )
-    with_rank_stability(board, entries)
+    if not method2:  # v2: ranks and their stability live only in the rendered files
+        with_rank_stability(board, entries)
     return board, entries
+
+
+def compute_environment() -> dict[str, str]:
+    """The torch version and the CPU capability torch's kernels use here: numbers from an optimisation
+    attack are reproducible bit for bit only where both match (`leaderboard verify`)."""
+    import torch
+
+    return {"torch_version": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def _none_per_seed(entries: list[dict[str, Any]], headline: str) -> tuple[list[float], list[float]] | None:

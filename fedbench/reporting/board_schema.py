@@ -17,9 +17,13 @@ from fedbench.reporting.intervals import value_range
 from fedbench.spec.schema import FileModel, MetricName, Model, Syntax, dotted, field_error, invalid, validate
 
 SCHEMA_VERSION = 2
+# the entry schema of a board built with the v2 method (`board_rank`): per-input and per-seed values
+# of every attack, from which ranks and intervals are computed at render time (never stored)
+METHOD2_SCHEMA = 3
 # the versions read: 1 (means and spreads only) renders as it always did; 2 adds the intervals inside
-# the metric's range, a rate's counts, the per-seed values and how a worst case chose its attack
-READ_VERSIONS = (1, 2)
+# the metric's range, a rate's counts, the per-seed values and how a worst case chose its attack; 3
+# (the v2 method) adds every attack's per-input and per-seed values
+READ_VERSIONS = (1, 2, 3)
 
 JSON = Syntax(place=dotted, table="an object", missing="missing key '{key}'")
 
@@ -108,6 +112,20 @@ class ReportedRow(FileModel):
     note: str = ""
 
 
+class VerifyStamp(FileModel):
+    """What the last `fedbench leaderboard verify` re-ran and found: date, fedbench and torch versions,
+    the CPU capability torch used, the runs re-run and the result ("pass" or the first difference)."""
+
+    date: str
+    fedbench_version: str
+    torch_version: str
+    cpu_capability: str
+    sample: Annotated[int, Field(ge=0)]
+    runs: list[str]
+    result: str
+    numbers: Annotated[int, Field(ge=0)] = 0  # how many numbers were compared
+
+
 class Board(FileModel):
     """board.json: one scenario slice with a fixed attack suite, its headline metric and how to rerun it."""
 
@@ -130,6 +148,22 @@ class Board(FileModel):
     cost: BoardCost | None = None
     reported: Annotated[tuple[ReportedRow, ...], Field(strict=False)] = ()  # the papers' numbers
     failures: Annotated[tuple[FailedRuns, ...], Field(strict=False)] = ()  # runs not in the means
+    # the v2 method (`board_rank`, design §7.1): set by a preset's [grid.board] primary/utility_budget
+    board_version: Annotated[int, Field(ge=1)] = 1  # 2: the v2 method; v1 boards render as before
+    primary: str = ""  # the one leakage metric rows are ranked by (worst case per input)
+    utility_budget: float | None = None  # accuracy drop vs none (points, paired by seed) a row may cost
+    threat_id: str = ""  # the SoK threat model (gradient inversion SoK, USENIX Security 2025: A-H)
+    knowledge: dict[str, bool] = {}  # the attacker's knowledge switches (labels, defense, ...)
+    verified: VerifyStamp | None = None  # the last `fedbench leaderboard verify`
+    environment: dict[str, str] = {}  # torch version and CPU capability of the build (verify compares)
+
+    @model_validator(mode="after")
+    def _method(self) -> Board:
+        if self.board_version >= 2:
+            if not self.primary or self.utility_budget is None:
+                raise invalid("a v2 board declares its primary metric and its utility_budget")
+            metric(self.primary)
+        return self
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -270,6 +304,10 @@ class Entry(FileModel):
     fedbench_version: str
     date: str
     rank_stability: RankStability | None = None
+    # schema 3 (the v2 method, `board_inputs`): every attack's per-input and per-seed values
+    per_input: dict[str, dict[str, dict[str, Any]]] | None = None
+    per_seed: dict[str, dict[str, dict[str, Any]]] | None = None
+    plugin: dict[str, str] | None = None  # `leaderboard add --plugin`: the file's name and source digest
 
     @model_validator(mode="after")
     def _one_value_per_seed(self) -> Entry:

@@ -219,7 +219,13 @@ def _leak_value(entry: dict[str, Any], name: str) -> float | None:
 
 
 def ranked(board: Board, entries: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    """(Pareto rank, entry), in leaderboard order."""
+    """(Pareto rank, entry), in leaderboard order. A v2 board (`board_table`): its rank within the
+    utility budget, rows outside it after them with rank 0 (not ranked)."""
+    if board.board_version >= 2:
+        from fedbench.reporting.board_table import build_table
+
+        rows = build_table(board, entries).ranking.rows
+        return [(r.rank or 0, r.entry) for r in rows]
     sign = metric(board.headline).leakage_sign
     util = [e["metrics"]["test_acc"]["mean"] for e in entries]
     leak = [None if (v := _leak_value(e, board.headline)) is None else v * sign for e in entries]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+from pydantic import Field, model_validator
+
 from fedbench.errors import SpecError
 from fedbench.spec.schema import FileModel, Loc, MetricName, Syntax, ThresholdText, dotted, expect, validate
 
@@ -27,6 +29,17 @@ class BoardTable(FileModel):
     budget: ThresholdText | None = None
     target: ThresholdText | None = None
     command: str | None = None
+    # the v2 method (design §7.1): one primary leakage metric ranked within a utility budget
+    primary: MetricName | None = None  # e.g. "reid" (inversion), "mia_tpr_at_1pct_fpr" (membership)
+    utility_budget: Annotated[float, Field(ge=0)] | None = None  # accuracy drop vs none, in points
+    threat_id: str | None = None  # the SoK threat model, e.g. "A (honest-but-curious server)"
+    knowledge: dict[str, bool] = {}  # the attacker's knowledge switches, e.g. { labels = true }
+
+    @model_validator(mode="after")
+    def _v2(self) -> BoardTable:
+        if (self.primary is None) != (self.utility_budget is None):
+            raise ValueError("primary and utility_budget come together (the v2 ranking needs both)")
+        return self
 
 
 class GridTable(FileModel):

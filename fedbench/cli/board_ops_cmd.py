@@ -1,0 +1,294 @@
+"""`fedbench leaderboard verify|add`: re-run a sample of a board's runs and check the numbers they
+feed; put one new defense configuration on a board without touching any other entry
+(`fedbench.reporting.board_verify`)."""
+
+from __future__ import annotations
+
+import datetime
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedbench.cli._common import (
+    CacheDirOption,
+    DataRootOption,
+    NJobsOption,
+    PluginOption,
+    ThreadsOption,
+    err,
+    out,
+)
+from fedbench.cli.leaderboard_cmd import DirOption, _command
+from fedbench.cli.running import PresetDirOption
+from fedbench.errors import FedbenchError
+
+BoardArgument = Annotated[str, typer.Argument(help="Board name (a folder under --dir).", show_default=False)]
+
+
+def _board_grid(board, preset_dir, plugin):
+    """The board's preset expanded as it was built: the preset, --preset-dir folders and --plugin files
+    of its recorded `fedbench leaderboard build` command (relative to the folder it ran in), plus any
+    given here. Returns (preset path, extra folders)."""
+    import shlex
+
+    from fedbench.cli._common import load_plugins
+    from fedbench.spec.boards import resolve_boards
+
+    words = shlex.split(board.command)
+    if words[:3] != ["fedbench", "leaderboard", "build"] or len(words) < 4:
+        raise FedbenchError(
+            f"board {board.name} was written by '{board.command}', not 'fedbench leaderboard build': "
+            "rebuild it with 'fedbench leaderboard build' to verify or add to it"
+        )
+    dirs = [Path(w) for k, w in zip(words, words[1:], strict=False) if k == "--preset-dir"]
+    plugins = [Path(w) for k, w in zip(words, words[1:], strict=False) if k == "--plugin"]
+    load_plugins([*plugins, *(plugin or [])] or None)
+    extra = tuple(dirs) + tuple(preset_dir or ())
+    source = resolve_boards([words[3]], False, extra)[0]
+    return source.path, extra
+
+
+def _load_v2(root: Path, name: str):
+    from fedbench.reporting import leaderboard as lb
+
+    lb.check_board_name(root, name)
+    board, entries = lb.load_board(root / name)
+    if board.board_version < 2 or any(
+        e.get("per_input") is None and e.get("per_seed") is None for e in entries
+    ):
+        raise FedbenchError(
+            f"board {name} is a v1 board (its entries keep no per-input values); rebuild it with "
+            f"'{board.command}' after adding primary and utility_budget to its preset's [grid.board]"
+        )
+    return board, entries
+
+
+def _run_specs(grid, specs, ctx_args, cache_dir: Path | None):
+    """Run `specs` of the board's `grid` (into `cache_dir`, or a fresh empty cache) and load their
+    results (whose sidecar keeps the grid's [grid.board], so they export as the board's entries)."""
+    import dataclasses
+
+    from fedbench.api import execute_grid
+    from fedbench.execution.cache import RunCache
+    from fedbench.execution.runner import RunContext
+    from fedbench.reporting.tables import load_results
+
+    data_root, threads, n_jobs = ctx_args
+    grid = dataclasses.replace(grid, specs=tuple(specs))
+    stated: set[str] = set()
+
+    def on_event(event) -> None:  # each warning once, not once per run
+        for message in event.record.warnings:
+            if message not in stated:
+                stated.add(message)
+                err.print(f"warning: {message}", highlight=False)
+
+    with tempfile.TemporaryDirectory(prefix="fedbench-verify-") as tmp:
+        cache = RunCache(cache_dir or Path(tmp) / "cache")
+        records, path = execute_grid(
+            grid,
+            RunContext(data_root=data_root, threads=threads),
+            cache,
+            Path(tmp) / "out",
+            n_jobs=n_jobs,
+            on_event=on_event,
+        )
+        return load_results([path]), records
+
+
+@_command("verify")
+def verify_cmd(
+    board: BoardArgument,
+    sample: Annotated[
+        int, typer.Option("--sample", min=0, help="How many runs to re-run, drawn at random.")
+    ] = 2,
+    entry: Annotated[
+        str | None, typer.Option("--entry", help="Re-run every run of this entry (a defense label) instead.")
+    ] = None,
+    run: Annotated[
+        list[str] | None, typer.Option("--run", help="Re-run this run id (repeatable) instead of a sample.")
+    ] = None,
+    rng_seed: Annotated[
+        int | None, typer.Option("--rng-seed", help="Seed of the draw [default: random].")
+    ] = None,
+    stamp: Annotated[
+        bool, typer.Option("--stamp/--no-stamp", help="Write the result into board.json.")
+    ] = True,
+    root: DirOption = Path("leaderboards"),
+    data_root: DataRootOption = None,
+    threads: ThreadsOption = None,
+    n_jobs: NJobsOption = 1,
+    preset_dir: PresetDirOption = None,
+    plugin: PluginOption = None,
+) -> None:
+    """Re-run a sample of a board's runs from an empty cache and check every number they feed.
+
+    A run is one seed x attack x victim batch of one entry. Its numbers are its inputs' values
+    (re-identification, PSNR, ...), its seed's test accuracy and its run-level values. Where the board
+    was built (or last verified) with the same torch version and CPU capability, each must be identical
+    to the 6 significant digits entries keep; elsewhere an optimisation attack's trajectory depends on
+    the CPU's kernels, so each must keep its row inside the published 95 % intervals. Exit 1 naming the
+    first number that differs; the result is stamped into board.json (--no-stamp: not).
+
+    Examples:
+
+      fedbench leaderboard verify inversion-fedsgd-mnist5k-mlp --sample 2
+
+      fedbench leaderboard verify inversion-fedsgd-mnist5k-mlp --entry "soteria[prune=0.8]"
+
+      fedbench leaderboard verify my-board --dir boards --preset-dir my_presets --no-stamp
+    """
+    import random
+
+    import torch
+
+    from fedbench.execution.provenance import fedbench_version
+    from fedbench.reporting import leaderboard as lb
+    from fedbench.reporting.board_build import compute_environment
+    from fedbench.reporting.board_schema import VerifyStamp
+    from fedbench.reporting.board_verify import board_runs, compare, sample_runs
+
+    b, entries = _load_v2(root, board)
+    refs = board_runs(entries)
+    if run:
+        unknown = [r for r in run if r not in {x.run_id for x in refs}]
+        if unknown:
+            raise FedbenchError(f"--run {unknown[0]}: not a run of board {board}; see its entries' run ids")
+        chosen = [x for x in refs if x.run_id in set(run)]
+    elif entry is not None:
+        labels = [e["defense"] for e in entries]
+        if entry not in labels:
+            raise FedbenchError(f"--entry {entry!r}: not on board {board} (entries: {', '.join(labels)})")
+        chosen = [x for x in refs if x.defense == entry]
+    else:
+        seed = random.SystemRandom().randrange(2**31) if rng_seed is None else rng_seed
+        chosen = sample_runs(refs, sample, seed)
+        err.print(
+            f"{board}: re-running {len(chosen)} of {len(refs)} runs (--rng-seed {seed})", highlight=False
+        )
+    from fedbench.spec.grid import Overrides, build_grid
+
+    path, extra = _board_grid(b, preset_dir, plugin)
+    grid = build_grid(path, Overrides(), extra_dirs=extra)
+    wanted = {x.run_id for x in chosen}
+    specs = [s for s in grid.specs if s.run_id in wanted]
+    missing = wanted - {s.run_id for s in specs}
+    if missing:
+        raise FedbenchError(
+            f"run {sorted(missing)[0]} is not in preset {b.preset}'s grid any more (the preset changed since "
+            f"the board was built); rebuild the board with '{b.command}'"
+        )
+    results, _records = _run_specs(grid, specs, (data_root, threads, n_jobs), None)
+    env = compute_environment()
+    reference = b.verified and {
+        "torch_version": b.verified.torch_version,
+        "cpu_capability": b.verified.cpu_capability,
+    }
+    exact = env == (b.environment or reference or {})
+    found = compare(b, entries, chosen, results.frame, results.per_image, exact)
+    mode = "bit-identical (same torch and CPU capability)" if exact else "within the published intervals"
+    for c in found.failures[:10]:
+        out.print(f"DIFFERS: {c.where}: committed {c.committed}, re-run {c.rerun}", highlight=False)
+    result = "pass" if found.passed else f"FAIL: {found.failures[0].where}"
+    out.print(
+        f"{board}: {len(found.checks)} numbers from {len(chosen)} runs, {mode}: {result}", highlight=False
+    )
+    if stamp:
+        b2 = b.model_copy(
+            update={
+                "verified": VerifyStamp(
+                    date=datetime.date.today().isoformat(),
+                    fedbench_version=fedbench_version(),
+                    torch_version=torch.__version__,
+                    cpu_capability=env["cpu_capability"],
+                    sample=len(chosen),
+                    runs=sorted(wanted),
+                    result="pass" if found.passed else "fail",
+                    numbers=len(found.checks),
+                )
+            }
+        )
+        lb.write_board_file(root, b2)
+        lb.render(root, [board])
+    if not found.passed:
+        raise typer.Exit(1)
+
+
+@_command("add")
+def add_cmd(
+    board: BoardArgument,
+    defense: Annotated[
+        list[str],
+        typer.Option("-D", "--defense", help='The configuration to add, e.g. -D "mine[strength=0.5]".'),
+    ],
+    root: DirOption = Path("leaderboards"),
+    cache_dir: CacheDirOption = None,
+    data_root: DataRootOption = None,
+    n_jobs: NJobsOption = 1,
+    threads: ThreadsOption = None,
+    preset_dir: PresetDirOption = None,
+    plugin: PluginOption = None,
+) -> None:
+    """Run the board's exact scenario, seeds and attack suite for a new defense configuration and put it
+    on the board, ranked, without touching any other entry.
+
+    The baseline is the committed `none` entry (accuracy drops are paired with its per-seed accuracy),
+    so `none` is not re-run. The new entry records the plugin file's source digest. Ranks are computed
+    when the board renders (no entry stores one). What to send upstream afterwards: docs/submitting.md.
+
+    Examples:
+
+      fedbench leaderboard add inversion-fedsgd-mnist5k-mlp -D "mine[strength=0.5]" --plugin mine.py
+
+      fedbench leaderboard add my-board -D "dp-gaussian[sigma=0.05]" --dir boards --preset-dir presets
+    """
+    from fedbench.cli._common import cache_dir_option, data_root_option
+    from fedbench.reporting import leaderboard as lb
+    from fedbench.reporting.board_build import build
+    from fedbench.reporting.board_verify import source_digest
+
+    b, entries = _load_v2(root, board)
+    from fedbench.spec.grid import Overrides, build_grid
+
+    path, extra = _board_grid(b, preset_dir, plugin)
+    grid = build_grid(path, Overrides(defenses=tuple(defense)), extra_dirs=extra)
+    labels = sorted({s.defense.label for s in grid.specs})
+    taken = [x for x in labels if x in {e["defense"] for e in entries}]
+    if taken:
+        raise FedbenchError(
+            f"-D {taken[0]!r}: already on board {board}; its entry is entries/{lb.slug(taken[0])}.json"
+        )
+    results, records = _run_specs(
+        grid, grid.specs, (data_root_option(data_root), threads, n_jobs), cache_dir_option(cache_dir)
+    )
+    failed = [r for r in records if r.status != "ok"]
+    if failed:
+        raise FedbenchError(
+            f"{len(failed)} run(s) of {defense[0]} failed (first: {failed[0]['attack']} seed "
+            f"{failed[0]['seed']}: {failed[0].get('reason')}); nothing added"
+        )
+    none = next((e for e in entries if e["defense"] == "none"), None)
+    _board, new = build(results, b.name, baseline=none)
+    written = []
+    for e in new:
+        e["attack_suite"] = list(b.attack_suite)
+        extras = set(e.get("per_seed") or {}) - set(b.attack_suite)
+        if extras:
+            raise FedbenchError(
+                f"{e['defense']} brings attacks the board's suite lacks ({', '.join(sorted(extras))}); "
+                "add them to the board's preset and rebuild it"
+            )
+        if plugin:
+            e["plugin"] = {"file": Path(plugin[0]).name, "digest": source_digest(plugin[0])}
+        lb.validate_entry(e, b, f"new entry {e['defense']}")
+        target = root / board / lb.ENTRIES_DIR / f"{lb.slug(e['defense'])}.json"
+        target.write_text(lb.dump_json(e), encoding="utf-8")
+        written.append(target)
+    lb.render(root, [board])
+    _board2, entries2 = lb.load_board(root / board)
+    ranks = {e["defense"]: rank for rank, e in lb.ranked(_board2, entries2)}
+    for target, e in zip(written, new, strict=True):
+        rank = ranks.get(e["defense"]) or "not ranked (outside the utility budget)"
+        out.print(f"added {e['defense']} to {board}: rank {rank} -> {target}", highlight=False)

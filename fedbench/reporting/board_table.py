@@ -1,0 +1,232 @@
+"""The v2 board as tables (design §7.1): rank, defense and the primary metric first; rows within the
+utility budget ranked (`board_rank`), the others listed apart with their numbers, unranked.
+
+One `V2Table` feeds every surface: the README's markdown, leaderboard.csv (numbers), the site's table
+and `fedbench.leaderboard.load` (a DataFrame). Nothing here is stored in an entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedbench.metrics.catalogue import METRICS, metric
+from fedbench.reporting.board_notes import entry_budget, epsilon_value
+from fedbench.reporting.board_rank import Ranking, Row, is_noise, rank_board, secondary_medians
+from fedbench.reporting.board_schema import Board
+from fedbench.reporting.intervals import is_rate
+
+FLOOR_OF = {"reid": "reid_floor"}  # the input-independent guess of a primary metric
+# secondary per-input columns an inversion board shows (medians over inputs, best attack per input)
+MEDIANS = ("psnr", "ssim", "lpips")
+
+
+def is_v2(board: Board) -> bool:
+    return board.board_version >= 2
+
+
+@dataclass
+class V2Table:
+    board: Board
+    ranking: Ranking
+    headers: list[str]
+    ranked: list[list[str]]
+    outside: list[list[str]]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None or math.isnan(v) else f"{100 * v:.1f}"
+
+
+def _interval(lo: float | None, hi: float | None, scale: float = 100.0, digits: int = 1) -> str:
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return ""
+    return f" [{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
+
+
+def _epsilon(m: dict[str, Any]) -> tuple[str, float | None, str]:
+    """(text, value, label) of an entry's epsilon; rows whose epsilon says nothing are noise."""
+    eps = epsilon_value(m)
+    if eps is None:
+        return "—", None, ""
+    text = "∞" if math.isinf(eps) else (f"{eps:.2e}" if eps >= 1000 else f"{eps:.2f}")
+    if is_noise(eps):
+        return f"{text} (noise)", eps, "noise (no meaningful DP guarantee)"
+    return text, eps, "DP"
+
+
+def _secondary(board: Board) -> list[str]:
+    """The secondary columns: the exact-recovery rate and medians of the board's per-input metrics, then
+    the other metrics the board lists (worst attack's mean over seeds)."""
+    names = [m for m in ("exact",) if board.primary != m]
+    names += [m for m in MEDIANS if m in board.metrics]
+    names += [m for m in board.metrics if m not in names and m != board.primary and m in METRICS]
+    return names
+
+
+def _secondary_value(entry: dict[str, Any], name: str) -> float | None:
+    if name in MEDIANS:
+        return secondary_medians(entry, name)
+    from fedbench.reporting.board_rank import worst_per_input
+
+    lk = worst_per_input(entry, name)
+    return lk.point()
+
+
+def _worst_attacks(row: Row) -> str:
+    """The attacks that give the per-input worst case most often (the two most frequent)."""
+    counts = Counter(a for attacks in row.leakage.attack.values() for a in attacks)
+    if not counts:
+        return "—"
+    return ", ".join(a.split("[", 1)[0] for a, _ in counts.most_common(2))
+
+
+def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
+    ranking = rank_board(entries, board.primary, board.utility_budget, FLOOR_OF.get(board.primary, ""))
+    prim = metric(board.primary)
+    secondary = _secondary(board)
+    headers = [
+        "rank",
+        "defense",
+        prim.header,
+        "verdict",
+        "acc drop (pp) ↓",
+        "test acc (%) ↑",
+        "ε",
+        *[
+            f"median {n}"
+            if n in MEDIANS
+            else f"{n}{' (%)' if METRICS[n].unit == 'pct' else ''} {METRICS[n].arrow}"
+            for n in secondary
+        ],
+        "worst attack",
+        "inputs",
+        "rank stability",
+    ]
+    ranked, outside, records = [], [], []
+    for row in ranking.rows:
+        e = row.entry
+        m = e["metrics"]
+        eps_text, eps, eps_label = _epsilon(m)
+        in_rank = row.rank is not None
+        verdict = [row.protection] if row.protection else []
+        if row.borderline:
+            verdict.append("borderline utility")
+        if not in_rank and not row.admissible:
+            verdict.append("outside budget")
+        if eps_label.startswith("noise"):
+            verdict.append("noise, not DP")
+        lk = row.leakage
+        if lk.unresolved:
+            primary_text = "n/a"
+        else:
+            primary_text = prim.fmt(row.rate) + _interval(
+                row.low, row.high, prim.scale, 1 if prim.scale > 1 else 2
+            )
+            if row.rate is not None and is_rate(prim):
+                primary_text += f" ({lk.successes:.0f}/{lk.n_inputs})"
+        acc = m["test_acc"]
+        acc_text = _pct(acc.get("mean")) + _interval(acc.get("low"), acc.get("high"))
+        drop_text = (
+            "—" if row.drop is None else f"{100 * row.drop:.1f}" + _interval(row.drop_low, row.drop_high)
+        )
+        sec_values = {n: _secondary_value(e, n) for n in secondary}
+        sec_text = [(METRICS[n].fmt(v) if v is not None else "—") for n, v in sec_values.items()]
+        seeds = len(lk.seeds)
+        stability = (
+            f"{100 * row.same_rank:.0f}% [{row.rank_low}–{row.rank_high}]"
+            if row.same_rank is not None
+            else "—"
+        )
+        text = [
+            str(row.rank) if in_rank else "—",
+            f"`{row.defense}`",
+            primary_text,
+            ", ".join(verdict),
+            drop_text,
+            acc_text,
+            eps_text,
+            *sec_text,
+            _worst_attacks(row),
+            f"{lk.n_inputs} ({seeds} seeds)",
+            stability if in_rank else "—",
+        ]
+        (ranked if in_rank else outside).append(text)
+        records.append(
+            {
+                "rank": row.rank,
+                "defense": row.defense,
+                "defense_name": e["defense_name"],
+                "within_budget": row.admissible,
+                board.primary: None if lk.unresolved else row.rate,
+                f"{board.primary}_low": None if lk.unresolved else row.low,
+                f"{board.primary}_high": None if lk.unresolved else row.high,
+                f"{board.primary}_k": lk.successes if is_rate(prim) and not lk.unresolved else None,
+                f"{board.primary}_inputs": lk.n_inputs,
+                "verdict": ", ".join(verdict),
+                "acc_drop": row.drop,
+                "acc_drop_low": row.drop_low,
+                "acc_drop_high": row.drop_high,
+                "test_acc": acc.get("mean"),
+                "test_acc_low": acc.get("low"),
+                "test_acc_high": acc.get("high"),
+                "epsilon": eps,
+                "epsilon_label": eps_label,
+                "dp_budget": entry_budget(m),
+                **{(f"median_{n}" if n in MEDIANS else n): v for n, v in sec_values.items()},
+                "worst_attack": _worst_attacks(row),
+                "seeds": seeds,
+                "rank_same": row.same_rank,
+                "rank_low": row.rank_low,
+                "rank_high": row.rank_high,
+                "fedbench_version": e["fedbench_version"],
+                "date": e["date"],
+            }
+        )
+    return V2Table(board, ranking, headers, ranked, outside, records, _notes(board, ranking))
+
+
+def _notes(board: Board, ranking: Ranking) -> list[str]:
+    prim = metric(board.primary)
+    out = [
+        f"Ranked by {prim.name} ({prim.about}), the worst case per input over the attack suite, lower is "
+        f"better, among the configurations whose accuracy drop vs `none` (paired by seed) is at most "
+        f"{board.utility_budget:g} points (the utility budget). A rate's interval is a two-stage bootstrap "
+        f"(seeds, then inputs within a seed; {ranking.draws} draws, fixed RNG), so inputs that share a "
+        "seed's model are not counted as independent."
+    ]
+    out.append(
+        "Rank: b beats a when the 95 % interval of the paired difference of their rates (same seeds, same "
+        "inputs) lies above 0; a row's rank is 1 + the rows that beat it, so rows no other row beats with "
+        'confidence share a rank (statistical ties). "no protection": the rate is not distinguishably '
+        "below `none`'s. Rank stability: the share of bootstrap draws whose rank falls in the row's tie "
+        "band, and the 95 % interval of its drawn rank."
+    )
+    if ranking.floor is not None:
+        chance = "" if ranking.chance is None else f"; chance is {100 * ranking.chance:.1f} %"
+        out.append(
+            f"Floor: the same test applied to the best input-independent guess ({ranking.floor_metric}: "
+            f"the class-mean image of the victim's class) scores {100 * ranking.floor:.1f} %{chance}."
+        )
+    if ranking.unresolved:
+        out.append(f"The primary metric is {ranking.unresolved}; the rows are not ranked by it.")
+    out.append(f"ε above {100:g} is labelled noise: no meaningful DP guarantee.")
+    return out
+
+
+def to_markdown(t: V2Table) -> str:
+    from tabulate import tabulate
+
+    parts = []
+    if t.ranked:
+        parts.append(tabulate(t.ranked, headers=t.headers, tablefmt="github", disable_numparse=True))
+    if t.outside:
+        parts.append(
+            f"Outside the utility budget (accuracy drop > {t.board.utility_budget:g} points) or not "
+            "ranked:\n\n" + tabulate(t.outside, headers=t.headers, tablefmt="github", disable_numparse=True)
+        )
+    return "\n\n".join(parts) + "\n"

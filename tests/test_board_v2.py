@@ -1,0 +1,296 @@
+"""The v2 board method (design §7.1, `board_rank`/`board_table`) and `leaderboard verify|add`.
+
+Unit tests rank synthetic entries whose answer is known; the end-to-end tests build a tiny v2 board
+(FedSGD, B = 1, two seeds x two victims) once per module and verify, alter and extend copies of it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedbench.cli import app
+from fedbench.reporting.board_rank import Draws, Leakage, rank_board, worst_per_input
+
+runner = CliRunner()
+
+
+# ------------------------------------------------------------------------------ synthetic entries
+
+
+def _entry(name: str, accs: list[float], reid: dict[str, list[list[int]]]) -> dict:
+    """An entry with per-seed accuracy and, per attack, per seed, per-victim 0/1 re-identification."""
+    seeds = list(range(len(accs)))
+    per_input = {
+        attack: {
+            str(s): {
+                "victims": list(range(len(values))),
+                "counts": [1] * len(values),
+                "runs": [f"{name}-{attack}-{s}-{v}" for v in range(len(values))],
+                "values": {"exact": [float(x) for x in values]},
+            }
+            for s, values in enumerate(per_seed)
+        }
+        for attack, per_seed in reid.items()
+    }
+    per_seed = {
+        a: {str(s): {"runs": rec["runs"]} for s, rec in seeds_.items()} for a, seeds_ in per_input.items()
+    }
+    return {
+        "defense": name,
+        "defense_name": name.split("[")[0],
+        "seeds": seeds,
+        "metrics": {"test_acc": {"mean": float(np.mean(accs)), "per_seed": accs}},
+        "per_input": per_input,
+        "per_seed": per_seed,
+        "fedbench_version": "test",
+        "date": "2026-11-27",
+    }
+
+
+def _rows(rng, rate: float, seeds: int = 4, inputs: int = 25) -> list[list[int]]:
+    return [list((rng.random(inputs) < rate).astype(int)) for _ in range(seeds)]
+
+
+def test_worst_case_is_taken_per_input_over_attacks():
+    e = _entry("none", [0.9], {"a": [[1, 0, 0]], "b": [[0, 0, 1]]})
+    lk = worst_per_input(e, "exact")
+    assert lk.inputs[0].tolist() == [1.0, 0.0, 1.0]
+    assert lk.point() == pytest.approx(2 / 3)
+    assert lk.attack[0] == ["a", "a", "b"]
+
+
+def test_ranking_follows_the_method():
+    rng = np.random.default_rng(0)
+    entries = [
+        _entry("none", [0.90, 0.91, 0.89, 0.90], {"a": _rows(rng, 0.95)}),
+        # leaks like none, costs nothing: "no protection", and never ranked above none-level leakage
+        _entry("leaky[lam=5]", [0.92, 0.92, 0.91, 0.93], {"a": _rows(rng, 0.93)}),
+        # protects, within the budget
+        _entry("good", [0.88, 0.90, 0.87, 0.89], {"a": _rows(rng, 0.05)}),
+        # protects as well: statistically tied with good
+        _entry("good2", [0.89, 0.89, 0.88, 0.88], {"a": _rows(rng, 0.06)}),
+        # protects perfectly but at chance accuracy: outside the 5-point budget, not ranked
+        _entry("broken", [0.10, 0.11, 0.09, 0.12], {"a": _rows(rng, 0.0)}),
+    ]
+    ranking = rank_board(entries, "exact", 5.0)
+    ranks = {r.defense: r.rank for r in ranking.rows}
+    assert ranks["broken"] is None and [r.defense for r in ranking.outside] == ["broken"]
+    assert ranks["good"] == ranks["good2"] == 1  # tied: neither beats the other with confidence
+    assert ranks["leaky[lam=5]"] >= ranks["none"] > 1
+    verdict = {r.defense: r.protection for r in ranking.rows}
+    assert (
+        verdict["leaky[lam=5]"] == "no protection" and verdict["good"] == "" and verdict["none"] == "baseline"
+    )
+    for r in ranking.rows:
+        assert 0.0 <= r.low <= r.rate <= r.high <= 1.0
+        assert r.leakage.n_inputs == 100
+    for r in ranking.ranked:
+        assert r.drop * 100 <= 5.0
+        assert 0.0 <= r.same_rank <= 1.0 and r.rank_low <= r.rank_high
+
+
+def test_ranking_is_deterministic_and_paired():
+    rng = np.random.default_rng(1)
+    rows = _rows(rng, 0.5)
+    a = _entry("none", [0.9] * 4, {"x": rows})
+    b = _entry("same", [0.9] * 4, {"x": rows})
+    one, two = rank_board([a, b], "exact", 5.0), rank_board([a, b], "exact", 5.0)
+    assert [(r.low, r.high) for r in one.rows] == [(r.low, r.high) for r in two.rows]
+    # identical inputs on identical draws: the paired difference is exactly 0, a tie, "no protection"
+    assert one.rows[0].rank == one.rows[1].rank == 1
+    assert {r.protection for r in one.rows} == {"baseline", "no protection"}
+
+
+def test_two_stage_interval_is_wider_than_a_binomial_when_seeds_differ():
+    # seeds disagree (a seed's inputs share its model): 0 % on two seeds, 100 % on two
+    e = _entry("none", [0.9] * 4, {"a": [[0] * 25, [0] * 25, [1] * 25, [1] * 25]})
+    row = rank_board([e], "exact", 5.0).rows[0]
+    assert row.rate == 0.5
+    assert row.high - row.low > 0.5  # a binomial over 100 inputs would give about 0.2
+
+
+def test_membership_tpr_is_na_when_non_members_cannot_resolve_the_fpr():
+    e = {
+        "defense": "none",
+        "defense_name": "none",
+        "seeds": [0, 1],
+        "metrics": {"test_acc": {"mean": 0.9, "per_seed": [0.9, 0.9]}},
+        "per_seed": {
+            "lira": {
+                str(s): {"mia_tpr_at_1pct_fpr": 0.05, "mia_tpr_at_1pct_fpr:n": 100, "mia_n_nonmembers": 100}
+                for s in (0, 1)
+            }
+        },
+    }
+    lk = worst_per_input(e, "mia_tpr_at_1pct_fpr")
+    assert lk.point() is None and "1000 needed" in lk.unresolved
+    e["per_seed"]["lira"] = {
+        str(s): {"mia_tpr_at_1pct_fpr": 0.05, "mia_tpr_at_1pct_fpr:n": 1000, "mia_n_nonmembers": 1000}
+        for s in (0, 1)
+    }
+    lk = worst_per_input(e, "mia_tpr_at_1pct_fpr")
+    assert lk.point() == pytest.approx(0.05) and lk.successes == pytest.approx(100)
+
+
+def test_binomial_draws_stay_in_range():
+    lk = Leakage(counts={0: (3.0, 10.0), 1: (10.0, 10.0)})
+    d = Draws([0, 1], 1).rates(lk)
+    assert d.min() >= 0.0 and d.max() <= 1.0
+
+
+# ----------------------------------------------------------------------------------- end to end
+
+TINY = """
+[grid]
+name = "tiny-v2"
+description = "a tiny v2 board for the tests"
+seeds = 2
+
+[grid.board]
+name = "tiny-v2"
+title = "tiny v2 board"
+threat_model = "Honest-but-curious server: it reads the round-0 gradient of the victim."
+primary = "psnr"
+utility_budget = 60
+threat_id = "A"
+knowledge = { labels = true, defense = true }
+
+[scenario]
+protocol = "fedsgd"
+clients = 3
+rounds = 2
+batch_size = 1
+lr = 0.1
+train_size = 90
+eval_every = 2
+observe_round = 0
+victim = [0, 1]
+
+[[dataset]]
+name = "mnist5k"
+
+[[model]]
+name = "mlp"
+params = { hidden = [16] }
+
+[[defense]]
+name = "none"
+
+[[defense]]
+name = "sparsification"
+params = { fraction = 0.01 }
+
+[[attack]]
+name = "inverting-gradients"
+params = { iterations = 10 }
+"""
+
+PLUGIN = Path(__file__).resolve().parents[1] / "docs" / "examples" / "qsgd.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_board(tmp_path_factory):
+    base = tmp_path_factory.mktemp("v2")
+    (base / "presets").mkdir()
+    (base / "presets" / "tiny-v2.toml").write_text(TINY, encoding="utf-8")
+    args = ["leaderboard", "build", "tiny-v2", "--preset-dir", "presets", "--dir", "boards"]
+    args += ["--cache-dir", str(base / "cache"), "--threads", "1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(base)
+        res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return base
+
+
+def _copy(base: Path, tmp_path: Path) -> Path:
+    shutil.copytree(base / "boards", tmp_path / "boards")
+    shutil.copytree(base / "presets", tmp_path / "presets")
+    return tmp_path
+
+
+def test_v2_entries_keep_inputs_and_no_rank(tiny_board):
+    folder = tiny_board / "boards" / "tiny-v2"
+    board = json.loads((folder / "board.json").read_text())
+    assert board["board_version"] == 2 and board["primary"] == "psnr" and board["utility_budget"] == 60
+    for path in (folder / "entries").glob("*.json"):
+        e = json.loads(path.read_text())
+        assert e["schema"] == 3 and "rank_stability" not in e and "rank" not in e
+        rec = e["per_input"]["inverting-gradients[iterations=10]"]["0"]
+        assert rec["victims"] == [0, 1] and rec["counts"] == [1, 1] and len(rec["values"]["psnr"]) == 2
+    readme = (folder / "README.md").read_text()
+    header = next(line for line in readme.splitlines() if line.startswith("| rank"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert cells[:3] == ["rank", "defense", "psnr ↓"]  # the primary metric first after rank and defense
+    csv = (folder / "leaderboard.csv").read_text().splitlines()
+    assert csv[0].startswith("rank,defense,defense_name,within_budget,psnr,psnr_low,psnr_high")
+
+
+def test_verify_passes_and_names_an_altered_number(tiny_board, tmp_path, monkeypatch):
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    res = runner.invoke(
+        app, ["leaderboard", "verify", "tiny-v2", "--dir", "boards", "--sample", "2", "--rng-seed", "3"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "bit-identical" in res.output and ": pass" in res.output
+    stamp = json.loads((base / "boards" / "tiny-v2" / "board.json").read_text())["verified"]
+    assert stamp["result"] == "pass" and stamp["sample"] == 2 and stamp["numbers"] > 0
+    assert "leaderboard verify" in (base / "boards" / "tiny-v2" / "README.md").read_text()
+    # alter one committed number: verify exits 1 and names it
+    path = base / "boards" / "tiny-v2" / "entries" / "none.json"
+    entry = json.loads(path.read_text())
+    rec = entry["per_input"]["inverting-gradients[iterations=10]"]["1"]
+    rec["values"]["psnr"][1] = 77.0
+    path.write_text(json.dumps(entry, indent=1, sort_keys=True))
+    res = runner.invoke(
+        app, ["leaderboard", "verify", "tiny-v2", "--dir", "boards", "--run", rec["runs"][1], "--no-stamp"]
+    )
+    assert res.exit_code == 1, res.output
+    assert "psnr[1]: committed 77.0" in res.output and rec["runs"][1] in res.output
+
+
+def test_verify_rejects_bad_input(tiny_board, tmp_path, monkeypatch):
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    res = runner.invoke(
+        app, ["leaderboard", "verify", "tiny-v2", "--dir", "boards", "--run", "0123456789abcdef"]
+    )
+    assert res.exit_code == 2 and "not a run of board tiny-v2" in res.output
+    res = runner.invoke(app, ["leaderboard", "verify", "tiny-v2", "--dir", "boards", "--entry", "nope"])
+    assert res.exit_code == 2 and "not on board" in res.output
+
+
+def test_add_puts_a_plugin_defense_on_a_copy_without_touching_other_entries(
+    tiny_board, tmp_path, monkeypatch
+):
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    entries = base / "boards" / "tiny-v2" / "entries"
+    before = {p.name: p.read_bytes() for p in entries.glob("*.json")}
+    args = ["leaderboard", "add", "tiny-v2", "-D", "example-qsgd[levels=8]", "--plugin", str(PLUGIN)]
+    res = runner.invoke(app, [*args, "--dir", "boards", "--cache-dir", str(tiny_board / "cache")])
+    assert res.exit_code == 0, res.output
+    assert "added example-qsgd[levels=8] to tiny-v2: rank" in res.output
+    after = {p.name: p.read_bytes() for p in entries.glob("*.json")}
+    assert set(after) == set(before) | {"example-qsgd_levels_8.json"}
+    assert all(after[name] == data for name, data in before.items())  # byte-identical
+    new = json.loads(after["example-qsgd_levels_8.json"])
+    assert new["plugin"]["file"] == "qsgd.py" and len(new["plugin"]["digest"]) == 16
+    readme = (base / "boards" / "tiny-v2" / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if "`example-qsgd[levels=8]`" in line)
+    assert row.split("|")[1].strip().isdigit()  # ranked (the budget of 60 points admits it)
+    # the same configuration again: refused, nothing written
+    res = runner.invoke(app, [*args, "--dir", "boards", "--cache-dir", str(tiny_board / "cache")])
+    assert res.exit_code == 2 and "already on board" in res.output
+
+
+def test_v1_boards_cannot_be_verified(tmp_path):
+    root = Path(__file__).resolve().parents[1] / "leaderboards"
+    res = runner.invoke(app, ["leaderboard", "verify", "membership-mnist5k-mlp", "--dir", str(root)])
+    assert res.exit_code == 2 and "v1 board" in res.output
