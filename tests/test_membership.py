@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fedbench.attacks import _membership_core as core
-from fedbench.metrics.membership import membership_scores, roc_points, tpr_at_fpr
+from fedbench.metrics.membership import membership_scores, operating_point, roc_points
 from fedbench.plugin import DatasetBundle, DatasetMeta, RunData
 
 # 2 members, 2 non-members; a member and a non-member tie at 0.5
@@ -21,15 +21,15 @@ def test_roc_points_by_hand():
     assert np.allclose(fpr, [0, 0, 0.5, 1]) and np.allclose(tpr, [0, 0.5, 1, 1])
 
 
-def test_tpr_at_low_fpr_is_interpolated_on_the_roc_curve():
-    fpr, tpr = roc_points(**TIES)
-    # between (0, 0.5) and (0.5, 1): 0.5 + 0.5 * t / 0.5
-    assert tpr_at_fpr(fpr, tpr, 0.01) == pytest.approx(0.51)
-    assert tpr_at_fpr(fpr, tpr, 0.001) == pytest.approx(0.501)
-    assert tpr_at_fpr(fpr, tpr, 0.5) == pytest.approx(1.0)  # exactly on a point
-    # a vertical segment at the target: the highest TPR there (two members above every non-member)
-    assert tpr_at_fpr([0, 0, 0, 0.5, 1], [0, 0.5, 1, 1, 1], 0.0) == 1.0
-    assert tpr_at_fpr([0, 0.25, 1], [0, 0.75, 1], 0.1) == pytest.approx(0.3)
+def test_tpr_at_low_fpr_is_an_operating_point_of_the_scores():
+    # at FPR <= 1/2 (2 non-members): t = 0.5 flags both members and the tied non-member
+    p = operating_point(**TIES, target=0.5)
+    assert (p.threshold, p.tp, p.fp, p.members, p.nonmembers) == (0.5, 2, 1, 2, 2)
+    # at FPR <= 0.49 the tie at 0.5 cannot be split: only the member at 0.9 is claimed
+    p = operating_point(**TIES, target=0.49)
+    assert (p.threshold, p.tp, p.fp) == (0.9, 1, 0)
+    # 2 non-members resolve no FPR below 10 / 2: n/a, not a number below the data's resolution
+    assert not p.resolved and p.tpr is None and p.fpr is None
 
 
 def test_membership_scores_by_hand():
@@ -37,10 +37,9 @@ def test_membership_scores_by_hand():
     assert s.accuracy == 0.5 and s.advantage == pytest.approx(0.0)  # TPR 1/2 - FPR 1/2
     assert s.auc == pytest.approx(3.5 / 4)  # 3 ordered pairs + one tie counted half
     assert s.base_rate == 0.5 and s.examples == 4
-    assert s.row()["mia_tpr_at_1pct_fpr"] == pytest.approx(0.51)
+    assert s.row()["mia_tpr_at_1pct_fpr"] is None and "n/a" in s.row()["mia_low_fpr_note"]
     perfect = membership_scores([1, 1, 0, 0], [4, 3, 2, 1], [1, 1, 0, 0])
     assert perfect.accuracy == 1 and perfect.advantage == 1 and perfect.auc == 1
-    assert perfect.row()["mia_tpr_at_0.1pct_fpr"] == 1
     with pytest.raises(ValueError, match="both members and non-members"):
         membership_scores([1, 1], [0.2, 0.3], [1, 1])
 

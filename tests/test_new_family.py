@@ -65,6 +65,9 @@ def test_run_writes_the_family_metrics(grid):
     frame = read_results(path)
     assert set(frame["status"]) == {"ok"} and set(frame["attack"]) == {"gradient-norm-mia"}
     for name in FAMILY_METRICS:
+        if name == "gn_tpr_at_1pct_fpr":  # exact TPR at FPR <= 1%: n/a with a smoke run's few non-members
+            assert frame[name].isna().all(), name
+            continue
         assert frame[name].notna().all(), name
     assert set(frame["tm_observation"]) == {"model"}  # the columns every family shares
 

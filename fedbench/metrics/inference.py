@@ -11,6 +11,12 @@ most common value among its records (exact for the paper's one-record clients).
   its own pool, scored on the same victims;
 - `asr_advantage`: asr - asr_majority (> 0: the update leaked more than the prior).
 
+Beside them, the counts of the rate: `aia_correct` victims inferred correctly (k) of `aia_victims`
+(n), so asr = k / n. Per victim, in cohort order, the run's JSON sidecar holds `asr` (1: inferred
+correctly, else 0), `asr_majority` (1: the majority guess is right), `aia_true` (the true attribute
+class) and `aia_pred` (the inferred one), so a board can draw a held-out split of the victims (choose
+the worst attack on one part, report its advantage on the other).
+
 The `attribute` attack family: its scorer reads the attack's `predictions` (one attribute class per
 observed client, in cohort order) and `extra` (`attribute`, `majority_class`, `adversary`,
 `pool_size`, `features`).
@@ -58,17 +64,30 @@ def attribute_scores(y_true: Any, y_pred: Any, majority_class: int) -> dict[str,
     }
 
 
-def attribute_metrics(output: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
-    """Row columns of an attribute-inference run (empty when the run holds no cohort)."""
+def _victims(output: dict[str, Any], truth: dict[str, Any]) -> tuple[list[int], list[int], int] | None:
+    """(true classes, inferred classes, the attacker's majority class) of the victims, in cohort order;
+    None when the run holds no cohort."""
     extra = output.get("extra") or {}
     cohort = truth.get("cohort")
     name = extra.get("attribute")
     if not cohort or name is None or output.get("predictions") is None:
-        return {}
+        return None
     y_true = [client_attribute(c["attributes"][name]) for c in cohort]
-    row: dict[str, Any] = attribute_scores(y_true, output["predictions"], int(extra["majority_class"]))
+    y_pred = [int(v) for v in np.asarray(output["predictions"], dtype=np.int64).reshape(-1)]
+    return y_true, y_pred, int(extra["majority_class"])
+
+
+def attribute_metrics(output: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
+    """Row columns of an attribute-inference run (empty when the run holds no cohort)."""
+    victims = _victims(output, truth)
+    if victims is None:
+        return {}
+    y_true, y_pred, majority = victims
+    extra = output.get("extra") or {}
+    row: dict[str, Any] = attribute_scores(y_true, y_pred, majority)
     row.update(
-        aia_attribute=name,
+        aia_correct=sum(t == p for t, p in zip(y_true, y_pred, strict=True)),
+        aia_attribute=extra["attribute"],
         aia_adversary=extra.get("adversary"),
         aia_victims=len(y_true),
         aia_pool=extra.get("pool_size"),
@@ -77,7 +96,22 @@ def attribute_metrics(output: dict[str, Any], truth: dict[str, Any]) -> dict[str
     return row
 
 
+def attribute_per_input(output: dict[str, Any], truth: dict[str, Any]) -> dict[str, list] | None:
+    """JSON-able per-victim values, in cohort order (None when the run holds no cohort): `asr` and
+    `asr_majority` (0/1: the attack's and the majority guess's correctness), `aia_true`, `aia_pred`."""
+    victims = _victims(output, truth)
+    if victims is None:
+        return None
+    y_true, y_pred, majority = victims
+    return {
+        "asr": [int(t == p) for t, p in zip(y_true, y_pred, strict=True)],
+        "asr_majority": [int(t == majority) for t in y_true],
+        "aia_true": y_true,
+        "aia_pred": y_pred,
+    }
+
+
 @register_family("attribute", metrics=ATTRIBUTE_METRICS, default_metrics=("asr", "asr_advantage"))
 def score_attribute(attack: Any, output: dict[str, Any], truth: dict[str, Any]) -> AttackScores:
-    """The attribute-inference columns of one run."""
-    return AttackScores(attribute_metrics(output, truth))
+    """The attribute-inference columns of one run and its per-victim values for the sidecar."""
+    return AttackScores(attribute_metrics(output, truth), attribute_per_input(output, truth))

@@ -33,7 +33,15 @@ FAMILY = "gradient-norm"
 GRADIENT_NORM_METRICS = (
     Metric("gn_auc", "lower", "leakage", "fixed", (0, 1), about="ROC AUC of minus the gradient norm"),
     Metric("gn_acc", "lower", "leakage", "pct", (0, 1), about="accuracy of the thresholded decisions"),
-    Metric("gn_tpr_at_1pct_fpr", "lower", "leakage", "pct", (0, 1), about="TPR at FPR 0.01 (interpolated)"),
+    Metric(
+        "gn_tpr_at_1pct_fpr",
+        "lower",
+        "leakage",
+        "pct",
+        (0, 1),
+        required=False,  # n/a (empty) when fewer than 1000 non-members are scored
+        about="TPR at the threshold with realised FPR <= 1% (exact; n/a under 1000 non-members)",
+    ),
     Metric(
         "gn_norm_ratio",
         "lower",
