@@ -294,3 +294,16 @@ def test_v1_boards_cannot_be_verified(tmp_path):
     root = Path(__file__).resolve().parents[1] / "leaderboards"
     res = runner.invoke(app, ["leaderboard", "verify", "membership-mnist5k-mlp", "--dir", str(root)])
     assert res.exit_code == 2 and "v1 board" in res.output
+
+
+def test_load_returns_the_board_as_a_dataframe_in_rank_order(tiny_board):
+    from fedbench import leaderboard
+    from fedbench.errors import FedbenchError
+
+    frame = leaderboard.load("tiny-v2", root=tiny_board / "boards")
+    assert list(frame.columns[:5]) == ["rank", "defense", "defense_name", "within_budget", "psnr"]
+    assert set(frame["defense"]) == {"none", "sparsification[fraction=0.01]"}
+    ranks = frame["rank"].dropna().tolist()
+    assert ranks == sorted(ranks)
+    with pytest.raises(FedbenchError, match="no board 'nope'"):
+        leaderboard.load("nope", root=tiny_board / "boards")
