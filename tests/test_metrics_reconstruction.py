@@ -232,10 +232,14 @@ def test_summary_keys_and_none_semantics():
     assert s["label_acc"] == 1.0 and s["label_acc_matched"] is None and s["recovered"] == 1.0
 
     per = sc.per_image()
-    assert set(per) == {"index", "match", "psnr", "ssim", "mse", "lpips"}
+    reid_keys = {"exact", "reid", "reid_floor", "reid_pool"}
+    assert set(per) == {"index", "match", "psnr", "ssim", "mse", "lpips"} | reid_keys
     assert all(len(v) == 4 for v in per.values())
     json.dumps(per)
     assert score_reconstruction(t, r).per_image()["lpips"] == [None] * 4
+    # without candidate pools (tests/test_reidentification.py) re-identification stays empty
+    assert s["reid"] is None and s["reid_floor"] is None and s["reid_chance"] is None
+    assert per["reid"] == per["reid_floor"] == [None] * 4 and set(per["exact"]) <= {0, 1}
 
 
 def test_label_only_scoring():

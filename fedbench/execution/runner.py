@@ -456,7 +456,7 @@ def _execute_into(record: RunRecord, spec: RunSpec, cache: RunCache, ctx: RunCon
         from fedbench.metrics import attack_metrics
 
         result, a_cached = cache.attack(attack_key, job, compute_attack)
-        scores = attack_metrics(job.parts.attack, result)
+        scores = attack_metrics(job.parts.attack, with_reid_pools(job, result))
         columns.update(scores.columns)
         record.per_image = scores.per_image
         record.warnings.extend(scores.warnings)
@@ -464,6 +464,26 @@ def _execute_into(record: RunRecord, spec: RunSpec, cache: RunCache, ctx: RunCon
         cached = cached and a_cached
     columns.update(status="ok", from_cache=cached, reason="")
     record.history = utility["history"]
+
+
+def with_reid_pools(job: Job, result: dict[str, Any]) -> dict[str, Any]:
+    """A reconstruction attack's result with what re-identification scores need added to its truth:
+    each victim's candidate pool, class-mean image and the dataset's mean image
+    (`fedbench.metrics.reidentification.candidate_pools`, keyed on the run seed and the victims).
+
+    Built here, outside the cache, from the run's dataset (loaded once per process): a pool depends on
+    the data, the seed and the victim, not on the attack, so cached attack results are scored as they
+    are and one victim has one pool under every defense and attack. Other results come back unchanged.
+    """
+    truth = result.get("truth") or {}
+    if getattr(job.parts.attack, "family", None) != "reconstruction" or truth.get("images") is None:
+        return result
+    if truth.get("y") is None or len(truth["y"]) != len(truth["images"]):
+        return result
+    from fedbench.metrics.reidentification import candidate_pools
+
+    pools = candidate_pools(job.bundle(), truth["images"], truth["y"], job.spec.seed)
+    return {**result, "truth": {**truth, **pools}}
 
 
 def attack_result(spec: RunSpec, cache: RunCache, ctx: RunContext) -> dict[str, Any]:

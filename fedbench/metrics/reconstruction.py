@@ -16,6 +16,15 @@ Conventions (design §6, anchors §6.2 item 7):
   more leakage. The `*_worst` summary columns are the worst case for privacy (the best-reconstructed
   image).
 
+- Re-identification (`reid`, the per-input success rate an inversion board ranks by, design §7.1): the
+  reconstruction matched to a true image re-identifies it when the victim is strictly the nearest, by
+  pixel L2 distance, among itself and up to 99 other training records of its class
+  (`fedbench.metrics.reidentification`: the pool, the tie rule). Its floor `reid_floor` is the same test
+  on the class-mean image; `reid_chance` is 1 / pool size. The pools come with the truth the runner
+  builds; without them (a direct call, a test) the re-identification columns stay empty.
+- Floors, the input-independent guesses scored like an attack's output: `psnr_random` / `ssim_random`
+  (uniform random images) and `psnr_floor` / `ssim_floor` (the training split's mean image).
+
 The `reconstruction` attack family: its scorer reads the attack's `images` (reconstructions in [0, 1]
 pixel space) and `labels` (label guesses, optional) against the true images and labels, with the
 keyword arguments of the attack's `scoring()` (matching, success threshold).
@@ -24,13 +33,14 @@ keyword arguments of the attack's `scoring()` (matching, success threshold).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from fedbench.metrics.catalogue import Metric, register_family
+from fedbench.metrics.reidentification import reidentified
 from fedbench.metrics.scoring import AttackScores
 
 # Scores given to a true image that no reconstruction was matched to (fewer reconstructions than true
@@ -51,6 +61,9 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "label_acc_matched",
     "recovered",
     "exact",
+    "reid",
+    "reid_floor",
+    "reid_chance",
 )
 
 
@@ -70,10 +83,24 @@ RECONSTRUCTION_METRICS: tuple[Metric, ...] = (
     Metric("label_acc_matched", "lower", "leakage", "pct", (0, 1), False, "recovered labels per image"),
     Metric("recovered", "lower", "leakage", "pct", (0, 1), False, "share of images above the success PSNR"),
     Metric("exact", "lower", "leakage", "pct", (0, 1), False, "share of images recovered to the PSNR cap"),
+    Metric(
+        "reid",
+        "lower",
+        "leakage",
+        "pct",
+        (0, 1),
+        False,
+        "victims re-identified among up to 100 same-class training records (pixel L2)",
+    ),
+    Metric("reid_floor", "lower", "reference", "pct", (0, 1), False, "reid of the class-mean image"),
+    Metric("reid_chance", "lower", "reference", "pct", (0, 1), False, "reid by chance: mean of 1/pool size"),
     *_mean_and_worst(Metric("st_lpips", "higher", "leakage", "fixed", (0, None), False, "ST-LPIPS (extra)")),
     # the floor: random images scored like an attack's output (a reference, not a leakage measure)
     Metric("psnr_random", "lower", "reference", "fixed", (0, None), about="PSNR of uniform random images"),
     Metric("ssim_random", "lower", "reference", "fixed", (-1, 1), about="SSIM of uniform random images"),
+    # the best input-independent guess: the training split's mean image (the runner gives it)
+    Metric("psnr_floor", "lower", "reference", "fixed", (0, None), False, "PSNR of the dataset's mean image"),
+    Metric("ssim_floor", "lower", "reference", "fixed", (-1, 1), False, "SSIM of the dataset's mean image"),
 )
 # +1: a higher value means more leakage; -1: a lower value means more leakage (from the catalogue entries).
 LEAKAGE_DIRECTION: dict[str, int] = {
@@ -296,6 +323,21 @@ def _best(x: np.ndarray | None, direction: int) -> float | None:
     return float(np.max(x) if direction > 0 else np.min(x))
 
 
+def _share(x: np.ndarray | None) -> float | None:
+    """The mean of the values that exist (NaN: not available for that image); None when there are none."""
+    if x is None or not np.isfinite(x).any():
+        return None
+    return float(np.nanmean(x))
+
+
+def exact_images(psnr_values: np.ndarray, psnr_cap: float) -> np.ndarray:
+    """Per image, whether it was recovered exactly: its PSNR reaches the cap (MSE 0 scores the cap).
+
+    The one definition of `exact`: the per-image 0/1 values and the summary's share both come from here.
+    """
+    return np.asarray(psnr_values) >= psnr_cap
+
+
 @dataclass(frozen=True, eq=False)
 class ReconstructionScores:
     """Per-image scores of one batch, aligned with the true images (index i = true image i).
@@ -315,6 +357,10 @@ class ReconstructionScores:
     psnr_cap: float = 100.0
     success_psnr: float | None = None
     st_lpips: np.ndarray | None = None  # shift-tolerant LPIPS (its own metric), None when not computed
+    # re-identification, 0/1 per true image (NaN: the image has no pool); None when no pools were given
+    reid: np.ndarray | None = None
+    reid_floor: np.ndarray | None = None  # the same test on the class-mean image
+    pool_size: np.ndarray | None = None  # candidates per image, the victim included (NaN: no pool)
 
     @property
     def n(self) -> int:
@@ -326,13 +372,15 @@ class ReconstructionScores:
         Keys (`SUMMARY_KEYS`): psnr, psnr_worst (max), ssim, ssim_worst (max), mse, mse_worst (min),
         lpips, lpips_worst (min), label_acc (multiset), label_acc_matched (per image, only when labels
         are aligned with the reconstructions), recovered (share of true images with PSNR >=
-        success_psnr), exact (share at the PSNR cap; reported with `recovered`). A value is None
-        when it cannot be computed (no LPIPS, no labels, no threshold).
+        success_psnr), exact (share at the PSNR cap, `exact_images`; reported with `recovered`), reid
+        (share of the images with a pool that were re-identified), reid_floor (the same for the
+        class-mean image), reid_chance (mean of 1 / pool size). A value is None when it cannot be
+        computed (no LPIPS, no labels, no threshold, no pools).
         """
         recovered = exact = None
         if self.success_psnr is not None and self.psnr is not None and self.psnr.size:
             recovered = float(np.mean(self.psnr >= self.success_psnr))
-            exact = float(np.mean(self.psnr >= self.psnr_cap))
+            exact = float(np.mean(exact_images(self.psnr, self.psnr_cap)))
         out = {
             "psnr": _mean(self.psnr),
             "psnr_worst": _best(self.psnr, LEAKAGE_DIRECTION["psnr"]),
@@ -346,6 +394,9 @@ class ReconstructionScores:
             "label_acc_matched": self.label_acc_matched,
             "recovered": recovered,
             "exact": exact,
+            "reid": _share(self.reid),
+            "reid_floor": _share(self.reid_floor),
+            "reid_chance": None if self.pool_size is None else _share(1.0 / self.pool_size),
         }
         if self.st_lpips is not None:
             out["st_lpips"] = _mean(self.st_lpips)
@@ -353,11 +404,15 @@ class ReconstructionScores:
         return out
 
     def per_image(self) -> dict[str, list]:
-        """JSON-able per-image values: index, match (-1 unmatched), psnr, ssim, mse, lpips (None if n/a)."""
+        """JSON-able per-image values: index, match (-1 unmatched), psnr, ssim, mse, lpips, and the 0/1
+        outcomes exact, reid, reid_floor with the pool size reid_pool (None where n/a)."""
         n = self.n
 
         def col(x: np.ndarray | None) -> list:
             return [None] * n if x is None else [float(v) for v in x]
+
+        def flags(x: np.ndarray | None) -> list:
+            return [None] * n if x is None else [None if np.isnan(v) else int(v) for v in x]
 
         out = {
             "index": list(range(n)),
@@ -366,6 +421,10 @@ class ReconstructionScores:
             "ssim": col(self.ssim),
             "mse": col(self.mse),
             "lpips": col(self.lpips),
+            "exact": [] if self.psnr is None else [int(v) for v in exact_images(self.psnr, self.psnr_cap)],
+            "reid": flags(self.reid),
+            "reid_floor": flags(self.reid_floor),
+            "reid_pool": flags(self.pool_size),
         }
         if self.st_lpips is not None:
             out["st_lpips"] = col(self.st_lpips)
@@ -384,6 +443,8 @@ def score_reconstruction(
     range_tol: float = 1e-4,
     matching: Literal["one-to-one", "best"] = "one-to-one",
     st_lpips_fn: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+    reid_others: Sequence[Any | None] | None = None,
+    class_means: Any | None = None,
 ) -> ReconstructionScores:
     """Match `rec` [M, C, H, W] to `true` [N, C, H, W] (both in [0, 1]) and score every true image.
 
@@ -395,6 +456,9 @@ def score_reconstruction(
     (rounding after de-normalisation) are clipped. `matching`: one-to-one (Hungarian, the default) or
     best (each true image gets its best reconstruction, reuse allowed; see `best_match`).
     `st_lpips_fn` (e.g. `lpips_metric.get_st_lpips()`) fills the separate `st_lpips` scores the same way.
+    `reid_others` (one entry per true image: the other candidates of its pool [P-1, C, H, W] in [0, 1],
+    or None for no pool; `fedbench.metrics.reidentification.candidate_pools`) fills `reid`, and with
+    `class_means` [N, C, H, W] (each victim's class-mean image) `reid_floor`; without them both stay None.
     """
     if matching not in ("one-to-one", "best"):
         raise ValueError(f"matching must be 'one-to-one' or 'best', got {matching!r}")
@@ -408,6 +472,7 @@ def score_reconstruction(
         )
     t = np.clip(t, 0.0, 1.0)
     assignment = psnr_v = ssim_v = mse_v = lpips_v = st_lpips_v = None
+    reid_v = reid_floor_v = pool_v = None
     if rec is not None:
         r = _images(rec, "rec")
         if r.shape[1:] != t.shape[1:]:
@@ -432,6 +497,8 @@ def score_reconstruction(
             mse_v[m] = mse(tm, rm)
         lpips_v = _distances(lpips_fn, "lpips", tm, rm, m)
         st_lpips_v = _distances(st_lpips_fn, "st_lpips", tm, rm, m)
+        if reid_others is not None:
+            reid_v, reid_floor_v, pool_v = _reidentification(t, r, assignment, reid_others, class_means)
     label_acc = label_acc_matched = None
     if y_true is not None and y_pred is not None:
         yt = _labels(y_true, "y_true")
@@ -458,7 +525,39 @@ def score_reconstruction(
         psnr_cap=psnr_cap,
         success_psnr=success_psnr,
         st_lpips=st_lpips_v,
+        reid=reid_v,
+        reid_floor=reid_floor_v,
+        pool_size=pool_v,
     )
+
+
+def _reidentification(
+    t: np.ndarray, r: np.ndarray, assignment: np.ndarray, others: Sequence[Any | None], class_means: Any
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Per true image: whether its matched reconstruction re-identifies it (an unmatched image: 0),
+    whether its class-mean image does (None without `class_means`), and its pool size; NaN for an image
+    without a pool."""
+    n = t.shape[0]
+    if len(others) != n:
+        raise ValueError(f"reid_others has {len(others)} pools for {n} true images")
+    means = None
+    if class_means is not None:
+        means = _images(class_means, "class_means")
+        if means.shape != t.shape:
+            raise ValueError(f"class_means has shape {tuple(means.shape)}, true images {tuple(t.shape)}")
+    reid, floor, size = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    for i, pool in enumerate(others):
+        if pool is None:
+            continue
+        p = _to_numpy(pool, "reid_others")
+        if p.ndim != 4 or p.shape[1:] != t.shape[1:]:
+            raise ValueError(f"a pool must be [P, C, H, W] like the true images, got {tuple(p.shape)}")
+        p = np.clip(p, 0.0, 1.0)
+        size[i] = len(p) + 1
+        reid[i] = 0 if assignment[i] < 0 else reidentified(t[i], r[assignment[i]], p)
+        if means is not None:
+            floor[i] = reidentified(t[i], np.clip(means[i], 0.0, 1.0), p)
+    return reid, (None if means is None else floor), size
 
 
 def _distances(
@@ -495,6 +594,18 @@ def random_baseline(true: Any, seed: int | Any = 0, psnr_cap: float = 100.0) -> 
     return {k: s[k] for k in ("psnr", "psnr_worst", "ssim", "ssim_worst", "mse", "mse_worst")}
 
 
+def mean_image_baseline(true: Any, mean_image: Any, psnr_cap: float = 100.0) -> dict[str, float]:
+    """PSNR and SSIM of one image, the dataset's mean image [C, H, W] in [0, 1], against every true image
+    (means over them): the best input-independent guess, a floor for reports (`psnr_floor`, `ssim_floor`).
+    """
+    t = np.clip(_images(true, "true"), 0.0, 1.0)
+    m = np.clip(_to_numpy(mean_image, "mean_image"), 0.0, 1.0)
+    if m.shape != t.shape[1:]:
+        raise ValueError(f"mean_image has shape {tuple(m.shape)}, true images {tuple(t.shape[1:])}")
+    guess = np.broadcast_to(m, t.shape)
+    return {"psnr": float(np.mean(psnr(t, guess, cap=psnr_cap))), "ssim": float(np.mean(ssim(t, guess)))}
+
+
 @register_family(
     "reconstruction", metrics=RECONSTRUCTION_METRICS, default_metrics=("psnr", "ssim", "label_acc")
 )
@@ -518,6 +629,8 @@ def score_reconstruction_run(attack: Any, output: dict[str, Any], truth: dict[st
         y_pred=output.get("labels"),
         lpips_fn=lpips_fn,
         st_lpips_fn=st_lpips_fn,
+        reid_others=truth.get("reid_others"),
+        class_means=truth.get("class_means"),
         **scoring,
     )
     notes = [state_once(r) for r in ((lpips_reason if lpips_fn is None else None), st_reason) if r]
@@ -526,4 +639,8 @@ def score_reconstruction_run(attack: Any, output: dict[str, Any], truth: dict[st
     # the floor: uniform random images scored the same way (an attack at this level leaked nothing)
     floor = random_baseline(truth["images"], seed=0)
     row["psnr_random"], row["ssim_random"] = floor["psnr"], floor["ssim"]
+    # the best input-independent guess: the training split's mean image (when the runner gave it)
+    if truth.get("mean_image") is not None:
+        guess = mean_image_baseline(truth["images"], truth["mean_image"])
+        row["psnr_floor"], row["ssim_floor"] = guess["psnr"], guess["ssim"]
     return AttackScores(row, scores.per_image(), [n for n in notes if n])
