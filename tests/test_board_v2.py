@@ -32,7 +32,7 @@ def _entry(name: str, accs: list[float], reid: dict[str, list[list[int]]]) -> di
                 "victims": list(range(len(values))),
                 "counts": [1] * len(values),
                 "runs": [f"{name}-{attack}-{s}-{v}" for v in range(len(values))],
-                "values": {"exact": [float(x) for x in values]},
+                "values": {"reid": [float(x) for x in values]},
             }
             for s, values in enumerate(per_seed)
         }
@@ -59,7 +59,7 @@ def _rows(rng, rate: float, seeds: int = 4, inputs: int = 25) -> list[list[int]]
 
 def test_worst_case_is_taken_per_input_over_attacks():
     e = _entry("none", [0.9], {"a": [[1, 0, 0]], "b": [[0, 0, 1]]})
-    lk = worst_per_input(e, "exact")
+    lk = worst_per_input(e, "reid")
     assert lk.inputs[0].tolist() == [1.0, 0.0, 1.0]
     assert lk.point() == pytest.approx(2 / 3)
     assert lk.attack[0] == ["a", "a", "b"]
@@ -78,7 +78,7 @@ def test_ranking_follows_the_method():
         # protects perfectly but at chance accuracy: outside the 5-point budget, not ranked
         _entry("broken", [0.10, 0.11, 0.09, 0.12], {"a": _rows(rng, 0.0)}),
     ]
-    ranking = rank_board(entries, "exact", 5.0)
+    ranking = rank_board(entries, "reid", 5.0)
     ranks = {r.defense: r.rank for r in ranking.rows}
     assert ranks["broken"] is None and [r.defense for r in ranking.outside] == ["broken"]
     assert ranks["good"] == ranks["good2"] == 1  # tied: neither beats the other with confidence
@@ -100,7 +100,7 @@ def test_ranking_is_deterministic_and_paired():
     rows = _rows(rng, 0.5)
     a = _entry("none", [0.9] * 4, {"x": rows})
     b = _entry("same", [0.9] * 4, {"x": rows})
-    one, two = rank_board([a, b], "exact", 5.0), rank_board([a, b], "exact", 5.0)
+    one, two = rank_board([a, b], "reid", 5.0), rank_board([a, b], "reid", 5.0)
     assert [(r.low, r.high) for r in one.rows] == [(r.low, r.high) for r in two.rows]
     # identical inputs on identical draws: the paired difference is exactly 0, a tie, "no protection"
     assert one.rows[0].rank == one.rows[1].rank == 1
@@ -110,7 +110,7 @@ def test_ranking_is_deterministic_and_paired():
 def test_two_stage_interval_is_wider_than_a_binomial_when_seeds_differ():
     # seeds disagree (a seed's inputs share its model): 0 % on two seeds, 100 % on two
     e = _entry("none", [0.9] * 4, {"a": [[0] * 25, [0] * 25, [1] * 25, [1] * 25]})
-    row = rank_board([e], "exact", 5.0).rows[0]
+    row = rank_board([e], "reid", 5.0).rows[0]
     assert row.rate == 0.5
     assert row.high - row.low > 0.5  # a binomial over 100 inputs would give about 0.2
 
@@ -156,7 +156,7 @@ seeds = 2
 name = "tiny-v2"
 title = "tiny v2 board"
 threat_model = "Honest-but-curious server: it reads the round-0 gradient of the victim."
-primary = "psnr"
+primary = "reid"
 utility_budget = 60
 threat_id = "A"
 knowledge = { labels = true, defense = true }
@@ -217,7 +217,7 @@ def _copy(base: Path, tmp_path: Path) -> Path:
 def test_v2_entries_keep_inputs_and_no_rank(tiny_board):
     folder = tiny_board / "boards" / "tiny-v2"
     board = json.loads((folder / "board.json").read_text())
-    assert board["board_version"] == 2 and board["primary"] == "psnr" and board["utility_budget"] == 60
+    assert board["board_version"] == 2 and board["primary"] == "reid" and board["utility_budget"] == 60
     for path in (folder / "entries").glob("*.json"):
         e = json.loads(path.read_text())
         assert e["schema"] == 3 and "rank_stability" not in e and "rank" not in e
@@ -226,9 +226,9 @@ def test_v2_entries_keep_inputs_and_no_rank(tiny_board):
     readme = (folder / "README.md").read_text()
     header = next(line for line in readme.splitlines() if line.startswith("| rank"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells[:3] == ["rank", "defense", "psnr ↓"]  # the primary metric first after rank and defense
+    assert cells[:3] == ["rank", "defense", "reid (%) ↓"]  # the primary metric first after rank and defense
     csv = (folder / "leaderboard.csv").read_text().splitlines()
-    assert csv[0].startswith("rank,defense,defense_name,within_budget,psnr,psnr_low,psnr_high")
+    assert csv[0].startswith("rank,defense,defense_name,within_budget,reid,reid_low,reid_high,reid_k")
 
 
 def test_verify_passes_and_names_an_altered_number(tiny_board, tmp_path, monkeypatch):
@@ -301,7 +301,7 @@ def test_load_returns_the_board_as_a_dataframe_in_rank_order(tiny_board):
     from fedbench.errors import FedbenchError
 
     frame = leaderboard.load("tiny-v2", root=tiny_board / "boards")
-    assert list(frame.columns[:5]) == ["rank", "defense", "defense_name", "within_budget", "psnr"]
+    assert list(frame.columns[:5]) == ["rank", "defense", "defense_name", "within_budget", "reid"]
     assert set(frame["defense"]) == {"none", "sparsification[fraction=0.01]"}
     ranks = frame["rank"].dropna().tolist()
     assert ranks == sorted(ranks)

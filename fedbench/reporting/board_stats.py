@@ -177,7 +177,8 @@ def restat_board(board: Board, entries: list[dict[str, Any]]) -> list[dict[str, 
             "rebuild the board from its runs ('fedbench leaderboard build')"
         )
     out = [restat_entry(e) for e in entries]
-    with_rank_stability(board, out)
+    if board.board_version < 2:  # a v2 board's ranks and their stability live only in rendered files
+        with_rank_stability(board, out)
     return out
 
 
