@@ -307,3 +307,17 @@ def test_load_returns_the_board_as_a_dataframe_in_rank_order(tiny_board):
     assert ranks == sorted(ranks)
     with pytest.raises(FedbenchError, match="no board 'nope'"):
         leaderboard.load("nope", root=tiny_board / "boards")
+
+
+def test_ci_verifies_one_cheap_run_of_a_committed_v2_board(tmp_path, monkeypatch):
+    """The malicious-server board's fc-leakage run of `none`, seed 0 (a 30-round FCNN training and an
+    analytic attack: seconds), re-run from an empty cache: every number it feeds holds."""
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "leaderboards", tmp_path / "leaderboards")
+    monkeypatch.chdir(tmp_path)
+    name = "malicious-server-mnist5k-fcnn"
+    entry = json.loads((tmp_path / "leaderboards" / name / "entries" / "none.json").read_text())
+    run = entry["per_input"]["fc-leakage"]["0"]["runs"][0]
+    res = runner.invoke(app, ["leaderboard", "verify", name, "--run", run, "--no-stamp", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    assert ": pass" in res.output and "numbers from 1 runs" in res.output
