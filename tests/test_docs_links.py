@@ -11,12 +11,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted(ROOT.glob("*/README.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(\S+)", re.M)  # a reference link's definition
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page):
     broken = []
-    for target in LINK.findall(page.read_text()):
+    text = page.read_text()
+    for target in LINK.findall(text) + REFERENCE.findall(text):
         if re.match(r"^(https?:|mailto:|#)", target):
             continue
         path = target.split("#", 1)[0]

@@ -177,9 +177,7 @@ def test_the_index_states_each_boards_distance_to_its_baseline(tmp_path):
     rows = synth(_psnr(PSNR, floor=5.1))
     _rs, board, _entries = build(tmp_path, rows)
     gap = board.baseline.gap
-    assert lb.index_headline(board) == (
-        f"psnr {gap.mean:.2f} [{gap.low:.2f}, {gap.high:.2f}] above the random image (5.10)"
-    )
+    assert lb.index_headline(board) == f"psnr +{gap.mean:.2f} [{gap.low:.2f}, {gap.high:.2f}]"
     no_floor = board.model_copy(update={"baseline": None})
     assert lb.index_headline(no_floor) == "—"  # a board built before baselines, or one without a floor
 

@@ -132,7 +132,9 @@ def test_reconstructions_by_defense_many_images_and_shared_truth(tmp_path, monke
 
     figures = []
     real_save = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or real_save(fig, path))
+    monkeypatch.setattr(
+        plots, "_save", lambda fig, path, *dpi: figures.append(fig) or real_save(fig, path, *dpi)
+    )
     save_reconstructions_by_defense(many, tmp_path / "c.png", max_images=8)
     texts = [ax.get_ylabel() for ax in figures[-1].axes]
     assert sum("best 4 and worst 4 of 40 images by PSNR" in t for t in texts) == 3

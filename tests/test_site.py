@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from fedbench.cli import app
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting import ranking, site
+from fedbench.reporting.thumbnails import THUMBNAIL_FILE
 
 COMMITTED = Path(__file__).resolve().parents[1] / "leaderboards"
 runner = CliRunner()
@@ -363,4 +364,120 @@ def test_index_and_board_in_chromium_sort_and_follow_links(browser, committed_si
 
     browser.find_element(By.LINK_TEXT, "fedbench leaderboards").click()
     assert browser.current_url.endswith(f"{committed_site.name}/index.html")
+    assert _console_errors(browser) == []
+
+
+# ------------------------------------------------------------------------------- layout and screenshots
+
+VIEWPORT = (1400, 900)
+SCREENSHOTS_ENV = "FEDBENCH_SCREENSHOTS"  # a folder (docs/img): the screenshots are saved there too
+FEDSGD = "inversion-fedsgd-mnist5k-mlp"
+# the page's and the leaderboard's geometry, in CSS pixels of the viewport
+LAYOUT_JS = """
+const table = document.getElementById("leaderboard-table");
+const box = table.closest(".scroll");
+const rect = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.bottom]; };
+return {
+  page: document.documentElement.scrollWidth, width: window.innerWidth, height: window.innerHeight,
+  heads: Array.from(table.tHead.rows[0].cells).slice(0, 3).map(rect),
+  box: rect(box), boxScroll: box.scrollWidth, boxWidth: box.clientWidth,
+};
+"""
+
+
+def _viewport(driver, width: int, height: int) -> None:
+    """The viewport's exact size in CSS pixels (a window size would include the browser's frame)."""
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
+def _screenshot(driver, path: Path) -> None:
+    """The viewport as a small PNG (a 64-colour palette), also under $FEDBENCH_SCREENSHOTS when set."""
+    import io
+    import os
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(driver.get_screenshot_as_png()))
+    assert image.size == VIEWPORT
+    image.convert("RGB").quantize(colors=64).save(path, format="PNG", optimize=True)
+    assert path.stat().st_size < 150_000
+    if os.environ.get(SCREENSHOTS_ENV):
+        shutil.copyfile(path, Path(os.environ[SCREENSHOTS_ENV]) / path.name)
+
+
+def _inside(box, width: float) -> bool:
+    left, right, _top, _bottom = box
+    return 0 <= left and right <= width
+
+
+@pytest.fixture
+def viewport(browser):
+    """The browser at VIEWPORT for one test, back to its window's size after it."""
+    _viewport(browser, *VIEWPORT)
+    yield browser
+    browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def test_screenshots_keep_the_first_columns_and_the_reconstructions_in_view(
+    viewport, committed_site, tmp_path
+):
+    """At 1400 x 900 the index and the FedSGD board fit the width (the page never scrolls sideways);
+    the board's first three columns are in the first screen; a wide table scrolls inside its box with
+    its first two columns (rank, defense) kept in view, and a board's reconstructions image lies within
+    the width. Screenshots of both pages: `FEDBENCH_SCREENSHOTS=docs/img` refreshes the committed ones."""
+    from selenium.webdriver.common.by import By
+
+    browser = viewport
+    browser.get((committed_site / site.PAGE).as_uri())
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= VIEWPORT[0]
+    _screenshot(browser, tmp_path / "site-index.png")
+
+    browser.get((committed_site / FEDSGD / site.PAGE).as_uri())
+    layout = browser.execute_script(LAYOUT_JS)
+    assert layout["page"] <= layout["width"] == VIEWPORT[0]  # no sideways scrolling of the page
+    for head in layout["heads"]:
+        assert _inside(head, layout["width"]) and head[3] <= layout["height"], layout
+    assert layout["boxScroll"] > layout["boxWidth"]  # the wide table scrolls inside its box
+    _screenshot(browser, tmp_path / "site-board-fedsgd.png")
+
+    # scrolled to its right end, the first two columns stay where they were, drawn over the others
+    browser.execute_script(
+        "const b = document.querySelector('#leaderboard-table').closest('.scroll');"
+        "b.scrollLeft = b.scrollWidth;"
+    )
+    scrolled = browser.execute_script(LAYOUT_JS)
+    assert [h[:2] for h in scrolled["heads"][:2]] == [h[:2] for h in layout["heads"][:2]]
+    assert scrolled["heads"][2][0] < layout["heads"][2][0]  # the third scrolled under them
+    covering = browser.execute_script(
+        "const c = document.querySelector('#leaderboard-table tbody tr').cells[1];"
+        "const r = c.getBoundingClientRect();"
+        "return document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2) === c;"
+    )
+    assert covering, "another column is drawn over the sticky second column"
+    backgrounds = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#leaderboard-table tr')).slice(0, 3)"
+        ".flatMap((row) => Array.from(row.cells).slice(0, 2))"
+        ".map((c) => getComputedStyle(c).backgroundColor);"
+    )
+    assert len(backgrounds) == 6 and "rgba(0, 0, 0, 0)" not in backgrounds, backgrounds  # opaque
+
+    with_images = [n for n in lb.board_names(COMMITTED) if (COMMITTED / n / THUMBNAIL_FILE).is_file()]
+    assert with_images, "no committed board has reconstruction thumbnails"
+    for name in [FEDSGD, *with_images]:
+        browser.get((committed_site / name / site.PAGE).as_uri())
+        images = browser.find_elements(By.CSS_SELECTOR, "#reconstructions img")
+        assert len(images) == (name in with_images), name
+        if not images:
+            continue
+        img = images[0]
+        browser.execute_script("arguments[0].scrollIntoView()", img)
+        assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100
+        box = browser.execute_script(
+            "const r = arguments[0].getBoundingClientRect(); return [r.left, r.right];", img
+        )
+        assert 0 <= box[0] and box[1] <= VIEWPORT[0], (name, box)
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= VIEWPORT[0], name
     assert _console_errors(browser) == []

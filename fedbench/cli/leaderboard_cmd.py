@@ -1,8 +1,9 @@
-"""`fedbench leaderboard build|render|check|show|site`: the boards under ./leaderboards.
+"""`fedbench leaderboard build|render|check|show|site|thumbnails`: the boards under ./leaderboards.
 
 `build` runs the presets that declare a `[grid.board]` (as `fedbench run PRESET` does, through
 `fedbench.api.execute_grid`, so the same runs, run ids and cache entries) and exports each board from
-its results (`leaderboard.export`, as `fedbench export --to leaderboard` does); the other commands read
+its results (`leaderboard.export`, as `fedbench export --to leaderboard` does); `thumbnails`
+(`thumbnails_cmd`) draws a board's reconstructions from its runs in the cache; the other commands read
 the committed JSON entries only.
 """
 
@@ -33,6 +34,7 @@ from fedbench.cli._common import (
 )
 from fedbench.cli.compare import FormatOption
 from fedbench.cli.running import PresetDirOption, _sigterm_as_interrupt
+from fedbench.cli.thumbnails_cmd import thumbnails_cmd
 from fedbench.errors import FedbenchError
 from fedbench.spec.boards import BoardSource, rebuild_command, resolve_boards
 
@@ -41,7 +43,8 @@ leaderboard_app = typer.Typer(
     "write them as a static website.\n\n"
     "Examples:\n\n  fedbench leaderboard build --all\n\n  fedbench leaderboard render\n\n"
     "  fedbench leaderboard check\n\n  fedbench leaderboard show inversion-fedsgd-mnist5k-mlp\n\n"
-    "  fedbench leaderboard site -o site",
+    "  fedbench leaderboard site -o site\n\n"
+    "  fedbench leaderboard thumbnails malicious-server-mnist5k-fcnn",
     no_args_is_help=True,
 )
 BoardsArgument = Annotated[
@@ -147,6 +150,9 @@ def site_cmd(
 
     names = build_site(root, out_dir, board or None)
     err.print(f"wrote {out_dir / PAGE} ({len(names)} board{'' if len(names) == 1 else 's'})", highlight=False)
+
+
+_command("thumbnails")(thumbnails_cmd)
 
 
 # ------------------------------------------------------------------------------------------- build

@@ -490,44 +490,38 @@ def board_views(board: Board, entries: list[dict[str, Any]]) -> list[dict[str, s
 
 
 def render_index(root: str | Path) -> str:
-    """leaderboards/README.md: one row per board (templates/index.md.j2)."""
+    """leaderboards/README.md: one short row per board (templates/index.md.j2; `board_index` says what
+    goes in a row), each board's name a reference link to its README, defined under the table."""
     from tabulate import tabulate
 
-    rows = []
+    from fedbench.reporting.board_index import adaptive_attacks, attack_names
+
+    adaptive = adaptive_attacks()
+    rows, links = [], []
     for name in board_names(root):
         board, entries = load_board(Path(root) / name)
         top = ranked(board, entries)[0][1]["defense"]
-        sc = board.scenario
         rows.append(
             [
-                f"[{name}]({name}/README.md)",
-                board.title,
-                f"{sc.get('dataset', '')} / {sc.get('model', '')}",
-                ", ".join(board.attack_suite) or "—",
+                f"[{name}]",
+                attack_names(board.attack_suite, adaptive),
                 index_headline(board),
-                str(len(entries)),
-                f"`{top}`",
+                top,
             ]
         )
-    headers = ["board", "title", "dataset / model", "attack suite", "no defense vs baseline", "entries"]
-    table = tabulate(
-        rows, headers=[*headers, "rank-1 (best accuracy)"], tablefmt="github", disable_numparse=True
-    )
-    return _templates().get_template("index.md.j2").render(table=table if rows else "")
+        links.append(f"[{name}]: {name}/{README_FILE}")
+    headers = ["board", "attack suite", "no defense − baseline", "rank 1"]
+    table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    return _templates().get_template("index.md.j2").render(table=table if rows else "", links=links)
 
 
 def index_headline(board: Board) -> str:
     """How far the attack suite's worst case without a defense sits from guessing (the board's
-    baseline), with its 95 % interval over seeds: the index's one-line evidence that the suite works."""
-    base = board.baseline
-    if base is None or base.gap is None:
-        return "—"
-    m = metric(base.metric)
-    gap = base.gap
-    interval = (
-        f" [{m.fmt(gap.low)}, {m.fmt(gap.high)}]" if gap.low is not None and gap.high is not None else ""
-    )
-    return f"{m.name} {m.fmt(gap.mean)}{interval} above the {base.kind} ({m.fmt(base.value)})"
+    baseline), with its 95 % interval over seeds: the index's one-line evidence that the suite works
+    (`board_index.baseline_gap`)."""
+    from fedbench.reporting.board_index import baseline_gap
+
+    return baseline_gap(board)
 
 
 def rendered_files(root: str | Path, boards: Sequence[str] | None = None) -> dict[Path, str]:

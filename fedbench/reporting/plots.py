@@ -76,10 +76,10 @@ def save_dpi(fig, dpi: int = DPI, max_width: int = MAX_WIDTH_PX) -> int:
     return fitted
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, dpi: int = DPI) -> Path:
     plt = _pyplot()
     try:
-        dpi = save_dpi(fig)
+        dpi = save_dpi(fig, dpi)
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)
@@ -275,7 +275,11 @@ class ReconstructionPanel:
 
 
 def save_reconstructions_by_defense(
-    panels: Sequence[ReconstructionPanel], path: str | Path, title: str = "", max_images: int = PER_ROW
+    panels: Sequence[ReconstructionPanel],
+    path: str | Path,
+    title: str = "",
+    max_images: int = PER_ROW,
+    dpi: int = DPI,
 ) -> Path:
     """One block per defense: its truth over its reconstruction (PSNR under), wrapped at PER_ROW images.
 
@@ -322,7 +326,7 @@ def save_reconstructions_by_defense(
                 rows.append(_GAP)
             label = panel.label + (f"\n({which})" if which else "")
             rows.extend(_pair_rows(true, rec, panel.psnr, chosen, label, numbered=bool(which)))
-    return _save(_render_rows(rows, title), path)
+    return _save(_render_rows(rows, title), path, dpi)
 
 
 # -------------------------------------------------------------------------------------- trade-off

@@ -1,13 +1,15 @@
 """The leaderboards as a static website: `fedbench leaderboard site -o DIR`.
 
 One index page (a row per board) and per board a page with the sortable leaderboard, its scenario and
-threat model, the command that rebuilds it, the trade-off plot and the papers' reported numbers. Plain
+threat model, the command that rebuilds it, the trade-off plot, the reconstruction thumbnails the board
+commits (`fedbench leaderboard thumbnails`) and the papers' reported numbers. Plain
 HTML/CSS and a few lines of hand-written JS (`static/`), copied into the site: a page loads nothing
 from the network, so the folder can be opened from disk or served by any static host.
 
 Everything comes from the committed JSON entries through the leaderboard modules (`load_board`,
 `ranked`, `board_pivot`, `format_cell`, `tradeoff_points`): the site shows the numbers the README
-shows, in the same order. What needs cached runs (reconstruction grids) is named, not drawn.
+shows, in the same order. What needs cached runs is never drawn here: a board's reconstructions.png is
+copied as committed, or the page names the command that draws it.
 
 The site is written into a temporary folder beside DIR and moved into place at the end, so a failure
 leaves DIR as it was; DIR is replaced only when it is empty or a site written before (its marker file).
@@ -29,10 +31,11 @@ import markupsafe
 
 from fedbench.errors import FedbenchError
 from fedbench.metrics.catalogue import metric
-from fedbench.reporting import board_notes, ranking
+from fedbench.reporting import board_index, board_notes, ranking
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.board_schema import Board
 from fedbench.reporting.tables import Pivot, format_cell
+from fedbench.reporting.thumbnails import THUMBNAIL_FILE
 
 MARKER = ".fedbench-site"  # marks a folder this module wrote, so a rebuild may replace it
 STATIC_FILES = ("site.css", "site.js")
@@ -137,12 +140,13 @@ def reported_rows(
 
 @dataclass(frozen=True)
 class BoardSite:
-    """What the index says about a board and where its page is."""
+    """What the index says about a board (`board_index`: the suite by plugin name, the no-defense gap
+    to the baseline) and where its page is."""
 
     name: str
     title: str
-    scenario: str
     attack_suite: str
+    baseline_gap: str
     entries: int
     rank1: str
 
@@ -165,11 +169,18 @@ def _plot(board: Board, entries: list[dict[str, Any]], path: Path) -> str:
 
 
 def board_page(
-    board: Board, entries: list[dict[str, Any]], folder: Path, preset_dirs: tuple[Path, ...] = ()
+    board: Board,
+    entries: list[dict[str, Any]],
+    folder: Path,
+    preset_dirs: tuple[Path, ...] = (),
+    thumbnails: Path | None = None,
 ) -> None:
-    """Write a board's page, its trade-off plot and its leaderboard.csv into `folder`."""
+    """Write a board's page, its trade-off plot and its leaderboard.csv into `folder`, and a copy of its
+    committed reconstruction thumbnails (`thumbnails`: the board's reconstructions.png) when it has them."""
     folder.mkdir(parents=True)
     no_plot = _plot(board, entries, folder / PLOT)
+    if thumbnails is not None:
+        shutil.copyfile(thumbnails, folder / THUMBNAIL_FILE)
     (folder / lb.CSV_FILE).write_text(lb.render_csv(board, entries), encoding="utf-8")
     html = (
         _templates()
@@ -194,29 +205,30 @@ def board_page(
                 if n
             ],
             rebuilds_itself=board.command.startswith("fedbench leaderboard build"),
+            thumbnails=THUMBNAIL_FILE if thumbnails is not None else "",
         )
     )
     (folder / PAGE).write_text(html, encoding="utf-8")
 
 
-def _summary(board: Board, entries: list[dict[str, Any]]) -> BoardSite:
-    sc = board.scenario
+def _summary(board: Board, entries: list[dict[str, Any]], adaptive: frozenset[str]) -> BoardSite:
     return BoardSite(
         name=board.name,
         title=board.title,
-        scenario=f"{sc.get('dataset', '')} / {sc.get('model', '')}",
-        attack_suite=", ".join(board.attack_suite) or "—",
+        attack_suite=board_index.attack_names(board.attack_suite, adaptive),
+        baseline_gap=board_index.baseline_gap(board),
         entries=len(entries),
         rank1=ranking.ranked(board, entries)[0][1]["defense"],
     )
 
 
 def index_table(boards: list[BoardSite]) -> dict[str, Any]:
-    """The index's table (as `table` returns one): a row per board, its name linking to its page."""
-    heads = ("board", "title", "dataset / model", "attack suite", "entries", "rank-1 (best accuracy)")
+    """The index's table (as `table` returns one): a row per board, its name linking to its page; the
+    same short cells as leaderboards/README.md (the attacks' parameters are on the board's page)."""
+    heads = ("board", "title", "attack suite", "no defense − baseline", "entries", "rank 1")
     rows = []
     for b in boards:
-        texts = (b.name, b.title, b.scenario, b.attack_suite, str(b.entries), b.rank1)
+        texts = (b.name, b.title, b.attack_suite, b.baseline_gap, str(b.entries), b.rank1)
         rows.append([{"text": t, "sort": t} for t in texts])
         rows[-1][0]["href"] = b.href
     return {
@@ -250,6 +262,7 @@ def build_site(
     for name in names:
         lb.check_board_name(root, name)
     loaded = [lb.load_board(root / name) for name in names]
+    adaptive = board_index.adaptive_attacks()
     _check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -259,11 +272,12 @@ def build_site(
             source = resources.files("fedbench.reporting").joinpath("static", name)
             (tmp / name).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
         for board, entries in loaded:
-            board_page(board, entries, tmp / board.name, preset_dirs)
+            thumbs = root / board.name / THUMBNAIL_FILE
+            board_page(board, entries, tmp / board.name, preset_dirs, thumbs if thumbs.is_file() else None)
         html = (
             _templates()
             .get_template("site_index.html.j2")
-            .render(t=index_table([_summary(*b) for b in loaded]))
+            .render(t=index_table([_summary(*b, adaptive) for b in loaded]))
         )
         (tmp / PAGE).write_text(html, encoding="utf-8")
         (tmp / MARKER).write_text("written by `fedbench leaderboard site`; replaced on rebuild\n")

@@ -32,8 +32,18 @@ function sortTable(th) {
   rows.forEach((row) => body.appendChild(row));
   headers.forEach((h) => h.removeAttribute("aria-sort"));
   th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+  stickColumns();
 }
+// table.sticky keeps its first two columns in view (site.css): the second sticks where the first ends.
+function stickColumns() {
+  document.querySelectorAll("table.sticky").forEach((table) => {
+    const first = table.querySelector("tr > :first-child");
+    if (first) table.style.setProperty("--sticky-second", `${first.getBoundingClientRect().width}px`);
+  });
+}
+window.addEventListener("resize", stickColumns);
 document.addEventListener("DOMContentLoaded", () => {
+  stickColumns();
   document.querySelectorAll("table.sortable th").forEach((th) => {
     th.addEventListener("click", () => sortTable(th));
     th.addEventListener("keydown", (e) => { if (e.key === "Enter") sortTable(th); });

@@ -1,0 +1,66 @@
+"""What the index of the boards (leaderboards/README.md and the site's index page) says about a board
+in one short row: its attack suite by plugin name, how far the suite's no-defense worst case sits from
+the board's baseline, and its rank-1 configuration.
+
+The index is read at a glance, so a row stays short (`MAX_ROW` characters in the markdown): the
+attacks' parameters, the observation points and the full statistics are on the board's own page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from fedbench.metrics.catalogue import metric
+from fedbench.reporting.board_build import plugin_name
+from fedbench.reporting.board_schema import Board
+
+MAX_ROW = 160  # characters in a row of leaderboards/README.md's table
+ADAPTIVE = "adaptive"
+
+
+def adaptive_attacks() -> frozenset[str]:
+    """The attacks some defense declares as the one that breaks it (`Defense.adaptive_attack`: LODA's
+    loda-adaptive, MixUp's mixup-decode), by canonical name."""
+    from fedbench.registry import defenses
+
+    return frozenset(a for cls in defenses.list() if (a := getattr(cls, "adaptive_attack", "")))
+
+
+def attack_names(suite: Sequence[str], adaptive: Collection[str] = ()) -> str:
+    """A suite by plugin name only, in suite order: 'dlg, idlg, inverting-gradients, cpl + adaptive'.
+
+    A plugin run at several settings is named once with their count ('sdan-poisoning ×2'); the attacks
+    in `adaptive` (each a defense's own adaptive attack) are summed up as '+ adaptive' after the others;
+    observation points (labels 'cpl[...] @update') follow once ('@ example/update/server')."""
+    if not suite:
+        return "—"
+    settings: dict[str, set[str]] = {}
+    points: list[str] = []
+    for label in suite:
+        base, _, point = label.partition(" @")
+        settings.setdefault(plugin_name(base), set()).add(base)
+        if point and point not in points:
+            points.append(point)
+
+    def named(names: list[str]) -> str:
+        return ", ".join(n + (f" ×{len(settings[n])}" if len(settings[n]) > 1 else "") for n in names)
+
+    plain = [n for n in settings if n not in adaptive]
+    text = f"{named(plain)} + {ADAPTIVE}" if plain and len(plain) < len(settings) else named(list(settings))
+    return text + (f" @ {'/'.join(points)}" if points else "")
+
+
+def baseline_gap(board: Board) -> str:
+    """How far the suite's worst case without a defense sits above the board's baseline (random-image
+    floor, chance, majority class), with its 95 % interval over seeds: 'psnr +87.95 [56.80, 119.11]';
+    '—' for a board without a baseline. Which baseline it is, and its value, are on the board's page."""
+    base = board.baseline
+    if base is None or base.gap is None:
+        return "—"
+    m = metric(base.metric)
+    gap = base.gap
+    sign = "+" if gap.mean >= 0 else ""
+    interval = (
+        f" [{m.fmt(gap.low)}, {m.fmt(gap.high)}]" if gap.low is not None and gap.high is not None else ""
+    )
+    return f"{m.name} {sign}{m.fmt(gap.mean)}{interval}"

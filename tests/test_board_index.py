@@ -1,0 +1,51 @@
+"""The index of the boards (leaderboards/README.md, the site's index): a short row per board, its
+attacks by plugin name, the no-defense gap to the baseline; parameters are left to the board's page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedbench.reporting import leaderboard as lb
+from fedbench.reporting.board_index import MAX_ROW, adaptive_attacks, attack_names
+
+COMMITTED = Path(__file__).resolve().parents[1] / "leaderboards"
+
+
+def test_every_row_of_the_committed_index_is_short():
+    text = (COMMITTED / lb.README_FILE).read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(rows) == len(lb.board_names(COMMITTED)) + 2  # header, rule, a row per board
+    long = {len(r): r[:60] for r in rows if len(r) > MAX_ROW}
+    assert not long, f"index rows over {MAX_ROW} characters: {long}"
+    assert text == lb.render_index(COMMITTED)  # and it is what render writes
+
+
+def test_the_index_links_every_board_and_names_attacks_without_parameters():
+    text = (COMMITTED / lb.README_FILE).read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    for name in lb.board_names(COMMITTED):
+        assert f"\n[{name}]: {name}/{lb.README_FILE}\n" in text
+        row = next(r for r in rows if r.startswith(f"| [{name}] "))
+        board, _ = lb.load_board(COMMITTED / name)
+        assert "=" not in row.split("|")[2]  # no attack parameters in the suite's cell
+        assert all(a.split("[")[0].split(" @")[0] in row or "adaptive" in row for a in board.attack_suite)
+    assert "submitting.md" in text
+
+
+def test_attack_names():
+    adaptive = {"loda-adaptive", "mixup-decode"}
+    suite = ["dlg[iterations=50]", "idlg[restarts=4]", "inverting-gradients[iterations=200]"]
+    assert attack_names(suite, adaptive) == "dlg, idlg, inverting-gradients"
+    assert attack_names([*suite, "mixup-decode[pool=8]"], adaptive) == (
+        "dlg, idlg, inverting-gradients + adaptive"
+    )
+    assert attack_names(["mixup-decode[pool=8]", "loda-adaptive"], adaptive) == "mixup-decode, loda-adaptive"
+    assert attack_names(["sdan", "fc-leakage", "sdan[k=2]"]) == "sdan ×2, fc-leakage"
+    points = [f"{a} @{p}" for p in ("example", "update") for a in ("cpl[iterations=100]", "ig")]
+    assert attack_names(points) == "cpl, ig @ example/update"
+    assert attack_names([]) == "—"
+
+
+def test_adaptive_attacks_are_the_defenses_declared_ones():
+    assert {"loda-adaptive", "mixup-decode"} <= adaptive_attacks()
+    assert "dlg" not in adaptive_attacks()
