@@ -364,13 +364,13 @@ def entries_provenance(entries: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
-def render_readme(board: Board, entries: list[dict[str, Any]]) -> str:
+def render_readme(board: Board, entries: list[dict[str, Any]], thumbnails: bool = False) -> str:
     """A board's README.md: its scenario and leaderboard tables (tabulate, `to_markdown`) in
     templates/board_readme.md.j2."""
     from tabulate import tabulate
 
     if is_v2(board):
-        return render_readme_v2(board, entries)
+        return render_readme_v2(board, entries, thumbnails)
     sc = board.scenario
     settings = ", ".join(f"{k[3:]}={scenario_value(v)}" for k, v in sc.items() if k.startswith("sc_"))
     provenance = entries_provenance(entries)
@@ -441,7 +441,14 @@ def verified_note(board: Board) -> str:
     )
 
 
-def render_readme_v2(board: Board, entries: list[dict[str, Any]]) -> str:
+THUMBNAILS_LINE = (
+    "![Reconstructions: the private images of the first victims of seed 0 on top; per defense in rank "
+    "order, each victim's worst-case reconstruction over the attack suite (PSNR under each); drawn by "
+    f"fedbench leaderboard thumbnails]({THUMBNAILS})"
+)
+
+
+def render_readme_v2(board: Board, entries: list[dict[str, Any]], thumbnails: bool = False) -> str:
     """A v2 board's README.md (templates/board_readme_v2.md.j2): rank, defense and the primary metric
     first, rows outside the utility budget apart."""
     table = build_table(board, entries)
@@ -455,7 +462,7 @@ def render_readme_v2(board: Board, entries: list[dict[str, Any]]) -> str:
             knowledge=knowledge,
             primary=f"{prim.name} ({prim.about})",
             leaderboard_table=table_markdown(table).rstrip("\n"),
-            thumbnails="",
+            thumbnails=THUMBNAILS_LINE if thumbnails else "",
             notes=table.notes,
             failures=failures_note(board),
             scenario_table=scenario_table(board, entries),
@@ -537,7 +544,7 @@ def rendered_files(root: str | Path, boards: Sequence[str] | None = None) -> dic
         folder = root / name
         board, entries = load_board(folder)
         out[folder / CSV_FILE] = render_csv(board, entries)
-        out[folder / README_FILE] = render_readme(board, entries)
+        out[folder / README_FILE] = render_readme(board, entries, (folder / THUMBNAILS).is_file())
     out[root / README_FILE] = render_index(root)
     return out
 
