@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fedbench"
-MAX_TOP_LEVEL_MODULES = 8
+MAX_TOP_LEVEL_MODULES = 8 + 1  # + leaderboard.py: the public fedbench.leaderboard.load
 
 
 def _module_name(path: Path) -> str:

@@ -222,9 +222,9 @@ def ranked(board: Board, entries: list[dict[str, Any]]) -> list[tuple[int, dict[
     """(Pareto rank, entry), in leaderboard order. A v2 board (`board_table`): its rank within the
     utility budget, rows outside it after them with rank 0 (not ranked)."""
     if board.board_version >= 2:
-        from fedbench.reporting.board_table import build_table
+        from fedbench.reporting.board_rank import rank_board
 
-        rows = build_table(board, entries).ranking.rows
+        rows = rank_board(entries, board.primary, board.utility_budget).rows
         return [(r.rank or 0, r.entry) for r in rows]
     sign = metric(board.headline).leakage_sign
     util = [e["metrics"]["test_acc"]["mean"] for e in entries]
