@@ -18,6 +18,7 @@ from fedbench.cli._common import (
     PluginOption,
     ThreadsOption,
     err,
+    literal,
     out,
 )
 from fedbench.cli.leaderboard_cmd import DirOption, _command
@@ -111,7 +112,7 @@ def verify_cmd(
         list[str] | None, typer.Option("--run", help="Re-run this run id (repeatable) instead of a sample.")
     ] = None,
     rng_seed: Annotated[
-        int | None, typer.Option("--rng-seed", help="Seed of the draw [default: random].")
+        int | None, typer.Option("--rng-seed", help=literal("Seed of the draw [default: random]."))
     ] = None,
     stamp: Annotated[
         bool, typer.Option("--stamp/--no-stamp", help="Write the result into board.json.")
@@ -136,7 +137,7 @@ def verify_cmd(
 
       fedbench leaderboard verify inversion-fedsgd-mnist5k-mlp --sample 2
 
-      fedbench leaderboard verify inversion-fedsgd-mnist5k-mlp --entry "soteria[prune=0.8]"
+      fedbench leaderboard verify inversion-fedsgd-mnist5k-mlp --entry "soteria\\[prune=0.8]"
 
       fedbench leaderboard verify my-board --dir boards --preset-dir my_presets --no-stamp
     """
@@ -221,7 +222,9 @@ def add_cmd(
     board: BoardArgument,
     defense: Annotated[
         list[str],
-        typer.Option("-D", "--defense", help='The configuration to add, e.g. -D "mine[strength=0.5]".'),
+        typer.Option(
+            "-D", "--defense", help=literal('The configuration to add, e.g. -D "mine[strength=0.5]".')
+        ),
     ],
     root: DirOption = Path("leaderboards"),
     cache_dir: CacheDirOption = None,
@@ -240,9 +243,9 @@ def add_cmd(
 
     Examples:
 
-      fedbench leaderboard add inversion-fedsgd-mnist5k-mlp -D "mine[strength=0.5]" --plugin mine.py
+      fedbench leaderboard add inversion-fedsgd-mnist5k-mlp -D "mine\\[strength=0.5]" --plugin mine.py
 
-      fedbench leaderboard add my-board -D "dp-gaussian[sigma=0.05]" --dir boards --preset-dir presets
+      fedbench leaderboard add my-board -D "dp-gaussian\\[sigma=0.05]" --dir boards --preset-dir presets
     """
     from fedbench.cli._common import cache_dir_option, data_root_option
     from fedbench.reporting import leaderboard as lb
