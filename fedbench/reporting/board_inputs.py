@@ -106,7 +106,9 @@ def _seed_record(grp) -> dict[str, Any]:
             continue
         present = [v for v in vals if v is not None]
         out[col] = rounded(sum(present) / len(present))
-    for col in ("mia_n_members", "mia_n_nonmembers"):
+    # a TPR's operating point: the counts and threshold each seed's exact low-FPR point rests on
+    counts = [c for c in grp.columns if c.startswith(("mia_tp_at_", "mia_fp_at_", "mia_threshold_at_"))]
+    for col in ("mia_n_members", "mia_n_nonmembers", *counts):
         if col in grp and col not in out:
             n = [_number(v) for v in grp[col]]
             if all(x is not None for x in n):

@@ -56,6 +56,7 @@ class Leakage:
     counts: dict[int, tuple[float, float]] = field(default_factory=dict)
     attack: dict[int, list[str]] = field(default_factory=dict)  # per input: the attack that achieved it
     unresolved: str = ""  # why the primary is n/a (membership: too few non-members)
+    operating: list[dict[str, Any]] = field(default_factory=list)  # a TPR's per-seed FPR and threshold
 
     @property
     def seeds(self) -> list[int]:
@@ -125,6 +126,26 @@ def _worst_counts(entry: dict[str, Any], name: str) -> Leakage:
     each seed, the attack with the highest rate on the other seeds: selection noise is not counted as
     leakage), its counts on that seed. n/a when a seed's non-members cannot resolve a TPR's FPR."""
     out = Leakage()
+    fpr = _target_fpr(name)
+    need = math.ceil(RESOLUTION_FACTOR / fpr - 1e-9) if fpr is not None else 0
+    scored = [
+        rec.get("mia_n_nonmembers")
+        for seeds in (entry.get("per_seed") or {}).values()
+        for rec in seeds.values()
+        if rec.get("mia_n_nonmembers") is not None
+    ]
+    if fpr is not None and scored and min(scored) < need:
+        members = {
+            _seed_key(s): float(rec.get("mia_n_members") or 0)
+            for seeds in (entry.get("per_seed") or {}).values()
+            for s, rec in seeds.items()
+        }
+        out.counts = {s: (0.0, n) for s, n in members.items()}
+        out.unresolved = (
+            f"n/a: {int(min(scored))} non-members scored per seed cannot resolve an FPR of {fpr:g} "
+            f"({need} needed)"
+        )
+        return out
     per_attack: dict[str, dict[int, dict[str, Any]]] = {}
     for attack, seeds in (entry.get("per_seed") or {}).items():
         for s, rec in seeds.items():
@@ -133,7 +154,6 @@ def _worst_counts(entry: dict[str, Any], name: str) -> Leakage:
     if not per_attack:
         return out
     seeds = sorted({s for recs in per_attack.values() for s in recs})
-    fpr = _target_fpr(name)
     for s in seeds:
         others = [t for t in seeds if t != s] or [s]
 
@@ -149,15 +169,26 @@ def _worst_counts(entry: dict[str, Any], name: str) -> Leakage:
         n = float(rec[f"{name}:n"])
         out.counts[s] = (round(rec[name] * n, 6), n)
         out.attack[s] = [best]
-        if fpr is not None:
-            non = rec.get("mia_n_nonmembers")
-            need = math.ceil(RESOLUTION_FACTOR / fpr - 1e-9)
-            if non is None or non < need:
-                out.unresolved = (
-                    f"n/a: {int(non) if non is not None else 'unknown'} non-members per seed cannot "
-                    f"resolve an FPR of {fpr:g} ({need} needed)"
-                )
+        out.operating.append(
+            {k: rec.get(k) for k in (f"mia_fp_at_{name[len('mia_tpr_at_') :]}", "mia_n_nonmembers")}
+            | {"threshold": rec.get(f"mia_threshold_at_{name[len('mia_tpr_at_') :]}")}
+            if fpr is not None
+            else {}
+        )
     return out
+
+
+def operating_point(leak: Leakage, name: str) -> tuple[float, float, list[float]] | None:
+    """A TPR-at-FPR primary's realised false positives k_fp of n_non (summed over seeds, the worst
+    attack's of each seed) and the seeds' thresholds; None for another metric."""
+    if _target_fpr(name) is None or not leak.operating:
+        return None
+    suffix = name[len("mia_tpr_at_") :]
+    fp = [op.get(f"mia_fp_at_{suffix}") for op in leak.operating]
+    non = [op.get("mia_n_nonmembers") for op in leak.operating]
+    if any(v is None for v in fp + non):
+        return None
+    return float(sum(fp)), float(sum(non)), [op.get("threshold") for op in leak.operating]
 
 
 def _target_fpr(name: str) -> float | None:

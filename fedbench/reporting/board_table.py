@@ -14,7 +14,15 @@ from typing import Any
 
 from fedbench.metrics.catalogue import METRICS, metric
 from fedbench.reporting.board_notes import entry_budget, epsilon_value
-from fedbench.reporting.board_rank import Ranking, Row, is_noise, rank_board, secondary_medians
+from fedbench.reporting.board_rank import (
+    Ranking,
+    Row,
+    is_noise,
+    operating_point,
+    rank_board,
+    secondary_medians,
+    worst_per_input,
+)
 from fedbench.reporting.board_schema import Board
 from fedbench.reporting.intervals import is_rate
 
@@ -59,22 +67,37 @@ def _epsilon(m: dict[str, Any]) -> tuple[str, float | None, str]:
     return text, eps, "DP"
 
 
-def _secondary(board: Board) -> list[str]:
-    """The secondary columns: the exact-recovery rate and medians of the board's per-input metrics, then
-    the other metrics the board lists (worst attack's mean over seeds)."""
-    names = [m for m in ("exact",) if board.primary != m]
+def _secondary(board: Board, entries: list[dict[str, Any]]) -> list[str]:
+    """The secondary columns: the exact-recovery rate (inversion boards) and medians of the board's
+    per-input metrics, then the other metrics the board lists (worst attack's mean over seeds)."""
+    per_input = {
+        m
+        for e in entries
+        for seeds in (e.get("per_input") or {}).values()
+        for r in seeds.values()
+        for m in r.get("values", {})
+    }
+    names = [m for m in ("exact",) if board.primary != m and m in per_input]
     names += [m for m in MEDIANS if m in board.metrics]
     names += [m for m in board.metrics if m not in names and m != board.primary and m in METRICS]
     return names
 
 
 def _secondary_value(entry: dict[str, Any], name: str) -> float | None:
+    """A secondary column's value: a median over inputs (best attack per input), a rate's worst case,
+    or the worst attack's mean over seeds of a run-level metric (AUC)."""
     if name in MEDIANS:
         return secondary_medians(entry, name)
-    from fedbench.reporting.board_rank import worst_per_input
-
     lk = worst_per_input(entry, name)
-    return lk.point()
+    if lk.point() is not None:
+        return lk.point()
+    sign = metric(name).leakage_sign
+    means = []
+    for seeds in (entry.get("per_seed") or {}).values():
+        values = [rec[name] for rec in seeds.values() if rec.get(name) is not None]
+        if values:
+            means.append(sum(values) / len(values))
+    return max(means, key=lambda v: sign * v) if means else None
 
 
 def _worst_attacks(row: Row) -> str:
@@ -88,7 +111,7 @@ def _worst_attacks(row: Row) -> str:
 def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
     ranking = rank_board(entries, board.primary, board.utility_budget, FLOOR_OF.get(board.primary, ""))
     prim = metric(board.primary)
-    secondary = _secondary(board)
+    secondary = _secondary(board, entries)
     headers = [
         "rank",
         "defense",
@@ -129,6 +152,9 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
             )
             if row.rate is not None and is_rate(prim):
                 primary_text += f" ({lk.successes:.0f}/{lk.n_inputs})"
+            point = operating_point(lk, board.primary)
+            if row.rate is not None and point is not None:
+                primary_text += f" at FPR {point[0]:.0f}/{point[1]:.0f}"
         acc = m["test_acc"]
         acc_text = _pct(acc.get("mean")) + _interval(acc.get("low"), acc.get("high"))
         drop_text = (
@@ -167,6 +193,14 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
                 f"{board.primary}_high": None if lk.unresolved else row.high,
                 f"{board.primary}_k": lk.successes if is_rate(prim) and not lk.unresolved else None,
                 f"{board.primary}_inputs": lk.n_inputs,
+                "realised_fpr": (lambda p: None if p is None or not p[1] else p[0] / p[1])(
+                    operating_point(lk, board.primary)
+                ),
+                "thresholds": " ".join(
+                    f"{t:.6g}"
+                    for t in ((operating_point(lk, board.primary) or (0, 0, []))[2])
+                    if t is not None
+                ),
                 "verdict": ", ".join(verdict),
                 "acc_drop": row.drop,
                 "acc_drop_low": row.drop_low,

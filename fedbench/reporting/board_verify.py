@@ -138,6 +138,18 @@ def compare(
                             pos + j
                         ] = float(got)
                         touched.add(ref.defense)
+        seed_rec = (e.get("per_seed") or {}).get(ref.attack, {}).get(ref.seed) or {}
+        if seed_rec.get("runs") == [ref.run_id]:  # the seed's one run: its run-level values too
+            for name, old in seed_rec.items():
+                if name == "runs" or ":" in name or name.endswith("_seconds") or name not in row:
+                    continue
+                got = row.get(name)
+                got = None if got is None or (isinstance(got, float) and math.isnan(got)) else got
+                label = f"{where}: {name}"
+                if exact:
+                    result.checks.append(
+                        Check(label, old, rounded(float(got)) if got is not None else None, _same(old, got))
+                    )
         seeds = [str(s) for s in e["seeds"]]
         acc = e["metrics"]["test_acc"]
         if ref.seed in seeds and acc.get("per_seed"):

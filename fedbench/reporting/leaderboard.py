@@ -463,7 +463,7 @@ def render_readme_v2(board: Board, entries: list[dict[str, Any]], thumbnails: bo
             primary=f"{prim.name} ({prim.about})",
             leaderboard_table=table_markdown(table).rstrip("\n"),
             thumbnails=THUMBNAILS_LINE if thumbnails else "",
-            notes=table.notes,
+            notes=[*table.notes, *([note] if (note := audit_note(board, entries)) else [])],
             failures=failures_note(board),
             scenario_table=scenario_table(board, entries),
             cost=cost_note(board),
