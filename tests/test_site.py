@@ -371,7 +371,7 @@ def test_index_and_board_in_chromium_sort_and_follow_links(browser, committed_si
 
 VIEWPORT = (1400, 900)
 SCREENSHOTS_ENV = "FEDBENCH_SCREENSHOTS"  # a folder (docs/img): the screenshots are saved there too
-FEDSGD = "inversion-fedsgd-mnist5k-mlp"
+BOARD_SHOT = "malicious-server-mnist5k-fcnn"  # a v2 board with committed reconstruction thumbnails
 # the page's and the leaderboard's geometry, in CSS pixels of the viewport
 LAYOUT_JS = """
 const table = document.getElementById("leaderboard-table");
@@ -424,7 +424,8 @@ def viewport(browser):
 def test_screenshots_keep_the_first_columns_and_the_reconstructions_in_view(
     viewport, committed_site, tmp_path
 ):
-    """At 1400 x 900 the index and the FedSGD board fit the width (the page never scrolls sideways);
+    """At 1400 x 900 the index and a v2 board (rank, defense, then its primary metric) fit the
+    width (the page never scrolls sideways);
     the board's first three columns are in the first screen; a wide table scrolls inside its box with
     its first two columns (rank, defense) kept in view, and a board's reconstructions image lies within
     the width. Screenshots of both pages: `FEDBENCH_SCREENSHOTS=docs/img` refreshes the committed ones."""
@@ -435,13 +436,18 @@ def test_screenshots_keep_the_first_columns_and_the_reconstructions_in_view(
     assert browser.execute_script("return document.documentElement.scrollWidth") <= VIEWPORT[0]
     _screenshot(browser, tmp_path / "site-index.png")
 
-    browser.get((committed_site / FEDSGD / site.PAGE).as_uri())
+    browser.get((committed_site / BOARD_SHOT / site.PAGE).as_uri())
     layout = browser.execute_script(LAYOUT_JS)
+    heads = browser.execute_script(
+        "return Array.from(document.getElementById('leaderboard-table').tHead.rows[0].cells)"
+        ".slice(0, 3).map((c) => c.textContent.trim());"
+    )
+    assert heads[0] == "rank" and heads[1] == "defense" and heads[2].startswith("reid"), heads
     assert layout["page"] <= layout["width"] == VIEWPORT[0]  # no sideways scrolling of the page
     for head in layout["heads"]:
         assert _inside(head, layout["width"]) and head[3] <= layout["height"], layout
     assert layout["boxScroll"] > layout["boxWidth"]  # the wide table scrolls inside its box
-    _screenshot(browser, tmp_path / "site-board-fedsgd.png")
+    _screenshot(browser, tmp_path / "site-board-malicious.png")
 
     # scrolled to its right end, the first two columns stay where they were, drawn over the others
     browser.execute_script(
@@ -466,7 +472,7 @@ def test_screenshots_keep_the_first_columns_and_the_reconstructions_in_view(
 
     with_images = [n for n in lb.board_names(COMMITTED) if (COMMITTED / n / THUMBNAIL_FILE).is_file()]
     assert with_images, "no committed board has reconstruction thumbnails"
-    for name in [FEDSGD, *with_images]:
+    for name in [BOARD_SHOT, *with_images]:
         browser.get((committed_site / name / site.PAGE).as_uri())
         images = browser.find_elements(By.CSS_SELECTOR, "#reconstructions img")
         assert len(images) == (name in with_images), name

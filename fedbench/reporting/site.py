@@ -90,6 +90,33 @@ def table(p: Pivot) -> dict[str, Any]:
     return {"caption": p.title, "headers": headers, "rows": rows}
 
 
+TEXT_COLUMNS = ("defense", "verdict", "worst attack")
+
+
+def v2_table(board: Board, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A v2 board's table (`board_table`) for the template: rank, defense and the primary metric first;
+    the rows within the utility budget ranked, the others after them with rank '—'."""
+    from fedbench.reporting.board_table import build_table
+
+    t = build_table(board, entries)
+    headers = [{"label": h, "type": "text" if h in TEXT_COLUMNS else "number"} for h in t.headers]
+    rows = [
+        [{"text": text.strip("`"), "sort": _sort_value(text.strip("`"))} for text in row]
+        for row in (*t.ranked, *t.outside)
+    ]
+    caption = (
+        f"Ranked by {board.primary} within a utility budget of {board.utility_budget:g} points; rows "
+        "outside it (rank —) are listed after the ranked ones"
+    )
+    return {"caption": caption, "headers": headers, "rows": rows}
+
+
+def _v2_notes(board: Board, entries: list[dict[str, Any]]) -> list[str]:
+    from fedbench.reporting.board_table import build_table
+
+    return build_table(board, entries).notes
+
+
 def scenario_rows(board: Board, entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(what, value) of the board's scenario, as its README's scenario table lists it."""
     sc = board.scenario
@@ -187,7 +214,9 @@ def board_page(
         .get_template("site_board.html.j2")
         .render(
             board=board,
-            table=table(lb.board_pivot(board, entries)),
+            table=v2_table(board, entries)
+            if board.board_version >= 2
+            else table(lb.board_pivot(board, entries)),
             scenario=scenario_rows(board, entries),
             threat=threat_model(board, entries),
             stability=ranking.stability_note(board, entries),
@@ -198,9 +227,10 @@ def board_page(
             notes=[
                 n
                 for n in (
-                    board_notes.baseline_note(board, entries),
+                    board_notes.baseline_note(board, entries) if board.board_version < 2 else None,
                     board_notes.audit_note(board, entries),
                     board_notes.cost_note(board),
+                    *(_v2_notes(board, entries) if board.board_version >= 2 else ()),
                 )
                 if n
             ],
