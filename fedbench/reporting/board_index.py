@@ -9,6 +9,7 @@ attacks' parameters, the observation points and the full statistics are on the b
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from fedbench.metrics.catalogue import metric
 from fedbench.reporting.board_build import plugin_name
@@ -64,3 +65,35 @@ def baseline_gap(board: Board) -> str:
         f" [{m.fmt(gap.low)}, {m.fmt(gap.high)}]" if gap.low is not None and gap.high is not None else ""
     )
     return f"{m.name} {sign}{m.fmt(gap.mean)}{interval}"
+
+
+def v2_summary(board: Board, entries: list[dict[str, Any]]) -> tuple[str, str]:
+    """A v2 board's (headline, rank 1) cells: `none`'s primary rate beside the floor ('reid: none
+    98.4%, floor 1.6%'; 'n/a' with a reason's first words), and the top ranked configuration, or what
+    keeps every row from being ranked."""
+    from fedbench.reporting.board_rank import rank_board
+    from fedbench.reporting.board_table import FLOOR_OF
+
+    ranking = rank_board(entries, board.primary, board.utility_budget, FLOOR_OF.get(board.primary, ""))
+    m = metric(board.primary)
+    none = next((r for r in ranking.rows if r.defense == "none"), None)
+    if ranking.unresolved:
+        head = f"{m.name}: n/a"
+    else:
+        rate = (
+            "—"
+            if none is None or none.rate is None
+            else f"{m.fmt(none.rate)}{'%' if m.unit == 'pct' else ''}"
+        )
+        floor = (
+            "" if ranking.floor is None else f", floor {m.fmt(ranking.floor)}{'%' if m.unit == 'pct' else ''}"
+        )
+        head = f"{m.name}: none {rate}{floor}"
+    ranked = [r for r in ranking.ranked if r.defense != "none" or len(ranking.ranked) == 1]
+    if ranking.unresolved:
+        top = "— (primary n/a)"
+    elif not ranked:
+        top = "— (none ranked)"
+    else:
+        top = ranked[0].defense
+    return head, top

@@ -501,23 +501,27 @@ def render_index(root: str | Path) -> str:
     goes in a row), each board's name a reference link to its README, defined under the table."""
     from tabulate import tabulate
 
-    from fedbench.reporting.board_index import adaptive_attacks, attack_names
+    from fedbench.reporting.board_index import adaptive_attacks, attack_names, v2_summary
 
     adaptive = adaptive_attacks()
     rows, links = [], []
     for name in board_names(root):
         board, entries = load_board(Path(root) / name)
-        top = ranked(board, entries)[0][1]["defense"]
+        if board.board_version >= 2:
+            headline, top = v2_summary(board, entries)
+        else:
+            headline, top = index_headline(board), ranked(board, entries)[0][1]["defense"]
         rows.append(
             [
                 f"[{name}]",
+                str(board.board_version),
                 attack_names(board.attack_suite, adaptive),
-                index_headline(board),
+                headline,
                 top,
             ]
         )
         links.append(f"[{name}]: {name}/{README_FILE}")
-    headers = ["board", "attack suite", "no defense − baseline", "rank 1"]
+    headers = ["board", "v", "attack suite", "no defense: leakage", "rank 1"]
     table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
     return _templates().get_template("index.md.j2").render(table=table if rows else "", links=links)
 

@@ -242,13 +242,17 @@ def board_page(
 
 
 def _summary(board: Board, entries: list[dict[str, Any]], adaptive: frozenset[str]) -> BoardSite:
+    if board.board_version >= 2:
+        headline, top = board_index.v2_summary(board, entries)
+    else:
+        headline, top = board_index.baseline_gap(board), ranking.ranked(board, entries)[0][1]["defense"]
     return BoardSite(
         name=board.name,
         title=board.title,
         attack_suite=board_index.attack_names(board.attack_suite, adaptive),
-        baseline_gap=board_index.baseline_gap(board),
+        baseline_gap=headline,
         entries=len(entries),
-        rank1=ranking.ranked(board, entries)[0][1]["defense"],
+        rank1=top,
     )
 
 
