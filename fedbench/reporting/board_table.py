@@ -236,7 +236,9 @@ def _notes(board: Board, ranking: Ranking) -> list[str]:
     out.append(
         "Rank: b beats a when the 95 % interval of the paired difference of their rates (same seeds, same "
         "inputs) lies above 0; a row's rank is 1 + the rows that beat it, so rows no other row beats with "
-        'confidence share a rank (statistical ties). "no protection": the rate is not distinguishably '
+        "confidence share a rank (statistical ties): a rank should not separate configurations the data "
+        "cannot tell apart, and the paired difference, on the same seeds and inputs, separates more pairs "
+        'than two overlapping intervals would. "no protection": the rate is not distinguishably '
         "below `none`'s. Rank stability: the share of bootstrap draws whose rank falls in the row's tie "
         "band, and the 95 % interval of its drawn rank."
     )
