@@ -177,6 +177,9 @@ def rerun_command(spec) -> str:
         spec.attack.label if spec.attack else "none",
     ]
     for key, value in params_to_dict(spec.scenario).items():
+        if key == "victim" and spec.victims:  # a victim batch: its clients, the first among them
+            value = "[" + ",".join(map(str, spec.victims)) + "]"
+            key = "victims"
         parts += ["--set", f"scenario.{key}={value}"]
     parts += ["--set", f"grid.seeds=[{spec.seed}]"]
     return " ".join(shlex.quote(p) for p in parts)

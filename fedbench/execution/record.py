@@ -82,6 +82,8 @@ def base_columns(spec: RunSpec) -> dict[str, Any]:
     }
     for key, value in params_to_dict(spec.scenario).items():
         row[SCENARIO_PREFIX + key] = value
+    if spec.victims:  # a victim batch: the clients its attack covered, in victim order ("[0,1,2]")
+        row[SCENARIO_PREFIX + "victim"] = canonical_json(list(spec.victims))
     for comp in (spec.dataset, spec.model, spec.defense, spec.attack):
         if comp is None:
             continue

@@ -260,45 +260,124 @@ def _accepts(method: Callable[..., Any], name: str) -> bool:
 
 
 def compute_attack(job: Job) -> dict[str, Any]:
-    """Simulate up to the observation, run the attack, return its output and the ground truth."""
-    import numpy as np
+    """Simulate up to the observation, run the attack, return its output and the ground truth.
+
+    A victim batch (`RunSpec.victims`) is observed in one simulation that records every participant of
+    the observed round (a victim the round did not sample gets a simulation of its own) and attacked in
+    one call (`fedbench.attacks._victims.run_victims`). Its result holds, under `victims`, each victim's
+    output, truth and observation, in victim order, as that victim's own run has them; `output` and
+    `truth` are their concatenation (the images of every victim, in that order).
+    """
     import torch
 
     from fedbench.fl.seeding import torch_generator
-    from fedbench.fl.simulation import ObservationRequest, Simulation, fast_float_mode
+    from fedbench.fl.simulation import fast_float_mode
 
     spec, ctx, parts = job.spec, job.ctx, job.parts
     attack = parts.attack
     start = time.perf_counter()
     device = resolve_device(ctx.device)
     bundle = job.bundle()
-    sc = spec.scenario
-    request = ObservationRequest(attack.point_for(sc), sc.observe_round, sc.victim, attack.observes_cohort)
     factory = parts.model_factory(bundle.meta)
-    sim = Simulation(
-        sc,
-        bundle,
-        factory,
-        parts.simulation_defense(),
-        spec.seed,
-        device,
-        observe=request,
-        server_hook=attack.server_hook(bundle.meta),
-        stop_after_observation=True,
-    )
-    obs = sim.run().observation
-    if obs is None:
-        raise RunFailure(f"{attack.name}: no '{request.point}' observation was produced")
-    if sim.defense.implements("prepare_data"):
-        obs = sim.locate(obs)  # rows and the private inputs behind data the defense replaced
-    if type(attack).bind_data is not Attack.bind_data:
-        attack.bind_data(sim.run_data())
-    if type(attack).bind_defense is not Attack.bind_defense:
-        attack.bind_defense(sim.defense)
-    fast_float_mode()
-    torch.manual_seed(spec.seed)
-    model = factory().to(device)
-    output = attack.run(obs, model, bundle.meta, torch_generator(spec.seed, "attack"), torch.device(device))
+
+    def new_model() -> Any:  # the model a run's attack gets: built from the run's seed
+        torch.manual_seed(spec.seed)
+        return factory().to(device)
+
+    def new_generator() -> Any:
+        return torch_generator(spec.seed, "attack")
+
+    results: dict[int, dict[str, Any]] = {}  # by client (one entry unless a victim batch)
+    for sim, observations in _observations(job, bundle, factory, device):
+        if type(attack).bind_data is not Attack.bind_data:
+            attack.bind_data(sim.run_data())
+        if type(attack).bind_defense is not Attack.bind_defense:
+            attack.bind_defense(sim.defense)
+        fast_float_mode()
+        if spec.victims:
+            from fedbench.attacks._victims import run_victims
+
+            outputs = run_victims(
+                attack, observations, new_model, bundle.meta, new_generator, torch.device(device)
+            )
+        else:
+            outputs = [
+                attack.run(observations[0], new_model(), bundle.meta, new_generator(), torch.device(device))
+            ]
+        for obs, output in zip(observations, outputs, strict=True):
+            results[obs.client] = _attack_result(attack, obs, output, bundle)
+    if spec.victims:
+        per_victim = [results[v] for v in spec.victims]
+        out = {
+            "output": _concatenated([r["output"] for r in per_victim]),
+            "truth": _concatenated([r["truth"] for r in per_victim]),
+            "observation": {
+                **per_victim[0]["observation"],
+                "examples": sum(r["observation"]["examples"] for r in per_victim),
+            },
+            "victims": [{"client": v, **r} for v, r in zip(spec.victims, per_victim, strict=True)],
+        }
+    else:
+        (out,) = results.values()
+    return {
+        **out,
+        "seconds": time.perf_counter() - start,
+        "device": device,
+        "code": code_digests(spec, attack=True),  # an entry from other plugin or engine code: recomputed
+    }
+
+
+def _observations(
+    job: Job, bundle: Any, factory: Callable[[], Any], device: str
+) -> list[tuple[Any, list[Any]]]:
+    """(simulation, observations) pairs covering the run's victims: the run's victim, or every victim of a
+    batch. A batch is observed with the round's other participants (`ObservationRequest.cohort`); each
+    client's update of a round is computed from the state it received with its own randomness, so its
+    observation is the one a run of that victim alone records. A victim the simulated round did not
+    sample (participation < 1) is observed in a simulation of its own."""
+    from fedbench.fl.simulation import ObservationRequest, Simulation
+
+    spec, parts = job.spec, job.parts
+    attack, sc = parts.attack, spec.scenario
+    wanted = list(spec.victim_clients)
+    out = []
+    while wanted:
+        cohort = attack.observes_cohort or bool(spec.victims)
+        request = ObservationRequest(attack.point_for(sc), sc.observe_round, wanted[0], cohort)
+        sim = Simulation(
+            sc,
+            bundle,
+            factory,
+            parts.simulation_defense(),
+            spec.seed,
+            device,
+            observe=request,
+            server_hook=attack.server_hook(bundle.meta),
+            stop_after_observation=True,
+        )
+        obs = sim.run().observation
+        if obs is None:
+            raise RunFailure(f"{attack.name}: no '{request.point}' observation was produced")
+        if spec.victims:
+            recorded = {o.client: o for o in obs.cohort}
+            found = [recorded[v] for v in wanted if v in recorded]
+            if not found:
+                raise RunFailure(
+                    f"{attack.name}: victim {wanted[0]} was not observed in round {sc.observe_round}"
+                )
+        else:
+            found = [obs]
+        if sim.defense.implements("prepare_data"):  # rows and the private inputs behind replaced data
+            found = [sim.locate(o) for o in found]
+        out.append((sim, found))
+        wanted = [v for v in wanted if v not in {o.client for o in found}]
+    return out
+
+
+def _attack_result(attack: Attack, obs: Any, output: Any, bundle: Any) -> dict[str, Any]:
+    """One victim's part of an attack result: the attack's output, the ground truth, the observation."""
+    import numpy as np
+
     for name in ("images", "scores", "predictions"):  # a NaN result is a failure, never a cached number
         value = getattr(output, name)
         if isinstance(value, np.ndarray) and value.dtype.kind == "f" and np.isnan(value).any():
@@ -327,10 +406,29 @@ def compute_attack(job: Job) -> dict[str, Any]:
             "examples": len(obs.y_true),
             "defense_hooks": list(obs.defense_hooks),
         },
-        "seconds": time.perf_counter() - start,
-        "device": device,
-        "code": code_digests(spec, attack=True),  # an entry from other plugin or engine code: recomputed
     }
+
+
+def _concatenated(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Victims' outputs or truths as one: arrays joined along their first axis (victim order), tables
+    joined key by key; any other value is the first victim's if all agree, else the list of them. An
+    output's `extra` is per victim (`victims` in the result), so the joined one lists the clients."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for p in parts for k in p):
+        values = [p.get(key) for p in parts]
+        if key == "extra":
+            out[key] = {}
+        elif all(isinstance(v, np.ndarray) and v.ndim for v in values):
+            out[key] = np.concatenate(values)
+        elif all(isinstance(v, dict) for v in values):
+            out[key] = _concatenated(values)
+        elif all(isinstance(v, list) for v in values):
+            out[key] = [x for v in values for x in v]
+        else:
+            out[key] = values[0] if all(v is values[0] or v == values[0] for v in values) else values
+    return out
 
 
 # ----------------------------------------------------------------------------------------- one run
@@ -345,6 +443,29 @@ def attack_skip_reason(job: Job) -> str | None:
     if not reason and type(attack).check_model is not Attack.check_model:
         reason = attack.check_model(job.parts.model_factory(meta)())
     return f"{attack.name}: {reason}" if reason else None
+
+
+#: The observation points that are one client's: the points a victim batch can observe per victim.
+CLIENT_POINTS = ("example", "step", "update", "server")
+
+
+def victim_batch_reason(spec: RunSpec, attack: Attack | None) -> str | None:
+    """Why the run's victim batch (`RunSpec.victims`) does not apply to its attack, or None: a batch
+    reconstructs each victim's own observation, so it needs a reconstruction attack of one client's
+    observation (membership and attribute inference choose their victims themselves)."""
+    if not spec.victims or attack is None:
+        return None
+    if attack.family != "reconstruction" or attack.observes_cohort:
+        return (
+            f"{attack.name}: victim batches are for reconstruction attacks; {attack.name} is a "
+            f"{attack.family} attack (set scenario.victim, not scenario.victims, for its runs)"
+        )
+    point = attack.point_for(spec.scenario)
+    if point not in CLIENT_POINTS:
+        return (
+            f"{attack.name}: a victim batch needs each victim's own observation; '{point}' is not a client's"
+        )
+    return None
 
 
 class RunTimeout(BaseException):
@@ -428,7 +549,7 @@ def _execute_into(record: RunRecord, spec: RunSpec, cache: RunCache, ctx: RunCon
     """
     columns = record.columns
     job = Job(spec, ctx, Components.of(spec))
-    reason = job.parts.skip_reason(spec.scenario)
+    reason = job.parts.skip_reason(spec.scenario) or victim_batch_reason(spec, job.parts.attack)
     attack_key = canonical_json(spec.key())
     if not reason and spec.attack is not None and not cache.has_attack(attack_key):
         reason = attack_skip_reason(job)
@@ -474,7 +595,10 @@ def with_reid_pools(job: Job, result: dict[str, Any]) -> dict[str, Any]:
     Built here, outside the cache, from the run's dataset (loaded once per process): a pool depends on
     the data, the seed and the victim, not on the attack, so cached attack results are scored as they
     are and one victim has one pool under every defense and attack. Other results come back unchanged.
+    A victim batch's victims (`victims` in the result, which is how it is scored) get theirs each.
     """
+    if "victims" in result:
+        return {**result, "victims": [with_reid_pools(job, part) for part in result["victims"]]}
     truth = result.get("truth") or {}
     if getattr(job.parts.attack, "family", None) != "reconstruction" or truth.get("images") is None:
         return result

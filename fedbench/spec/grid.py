@@ -8,6 +8,10 @@ restrict itself to `datasets = [...]`, an attack block to `models = [...]` and `
 attack block with `adaptive = true` also runs, for every defense that declares one, the defense's adaptive
 attack with the block's parameters (LODA -> loda-adaptive) and those of `adaptive_params = {...}` it
 has, so boards take the worst case over both.
+`[scenario] victims` makes victim batches: one attack run over several victims (`RunSpec.victims`)
+instead of one run per victim (`victim = [0, 1]`): `victims = 10` is clients 0..9 in one run,
+`victims = [0, 3, 7]` those clients in one run, `victims = [[0, 1], [2, 3]]` two runs. A preset gives
+`victim` or `victims`, not both; one set with `--set` (or by a preset that `extends`) replaces the other.
 `[[reported]]` rows carry a paper's own numbers. Everything is validated before any run: the file's
 shape against the schema (`fedbench.spec.preset_schema`), then unknown names and parameters and bad
 ranges as the grid expands; errors name the file and table.
@@ -30,7 +34,7 @@ from fedbench.registry import registry_for
 from fedbench.spec.params import is_sequence_param
 from fedbench.spec.patterns import parse_assignment, parse_pattern
 from fedbench.spec.preset_schema import BoardTable, check_preset
-from fedbench.spec.run import ComponentSpec, RunSpec
+from fedbench.spec.run import ComponentSpec, RunSpec, check_victims
 
 COMPONENTS = ("dataset", "model", "defense", "attack")
 # [grid.board]: what `fedbench export --to leaderboard` reads (fedbench.reporting.leaderboard.build)
@@ -144,7 +148,7 @@ def load_preset(path: Path, extra_dirs: tuple[str | Path, ...] = ()) -> dict[str
         merged = {k: v for k, v in base.items()}
         merged["grid"] = {**base.get("grid", {}), **data.get("grid", {})}
         merged["grid"].pop("extends", None)
-        merged["scenario"] = {**base.get("scenario", {}), **data.get("scenario", {})}
+        merged["scenario"] = _victim_key_wins(base.get("scenario", {}), data.get("scenario", {}))
         for key in (*COMPONENTS, "reported"):
             if key in data:
                 merged[key] = data[key]
@@ -210,17 +214,59 @@ def _pattern_blocks(patterns: tuple[str, ...]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _scenarios(values: dict[str, Any], source: str) -> list[Scenario]:
+VICTIM_KEYS = ("victim", "victims")  # one victim per run, or a victim batch per run: a scenario has one
+
+
+def _victim_key_wins(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`base` updated with `changes`, where `victim` or `victims` in `changes` replaces either in `base`."""
+    if any(k in changes for k in VICTIM_KEYS):
+        base = {k: v for k, v in base.items() if k not in VICTIM_KEYS}
+    return {**base, **changes}
+
+
+def _victim_batches(value: Any, source: str) -> list[tuple[int, ...]]:
+    """`[scenario] victims`: a count N (clients 0..N-1), a list of clients (one batch), or a list of
+    such lists (one batch each)."""
+
+    def clients(v: Any) -> bool:
+        return (
+            isinstance(v, list) and bool(v) and all(isinstance(c, int) and not isinstance(c, bool) for c in v)
+        )
+
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return [tuple(range(value))]
+    if clients(value):
+        return [tuple(value)]
+    if isinstance(value, list) and value and all(clients(b) for b in value):
+        return [tuple(b) for b in value]
+    raise SpecError(
+        f"{source}: [scenario] victims must be a count N (clients 0..N-1 in one run), a list of clients "
+        f"(one run), or a list of such lists (one run each); got {value!r}"
+    )
+
+
+def _scenarios(values: dict[str, Any], source: str) -> list[tuple[Scenario, tuple[int, ...]]]:
+    """(scenario, victim batch) of every point of the `[scenario]` sweep; the batch is () without
+    `victims` (and for a batch of one: `RunSpec.with_victims`), else the scenario's victim is its first."""
+    values = dict(values)
+    if all(k in values for k in VICTIM_KEYS):
+        raise SpecError(
+            f"{source}: [scenario] gives both victim and victims; use victim for one run per victim, "
+            "victims for one run over several victims"
+        )
+    batches: list[tuple[int, ...]] = (
+        _victim_batches(values.pop("victims"), source) if "victims" in values else [()]
+    )
     fields = {f.name for f in dataclasses.fields(Scenario)}
     for key in values:
         if key not in fields:
-            more = did_you_mean(key, sorted(fields))
+            more = did_you_mean(key, sorted(fields | {"victims"}))
             raise UnknownNameError(f"{source}: [scenario] unknown key '{key}'; {more}")
     for key, value in values.items():
         if isinstance(value, list) and not value:
             raise SpecError(f"{source}: [scenario] {key} sweeps over an empty list; give at least one value")
     axes = [[(k, x) for x in v] if isinstance(v, list) else [(k, v)] for k, v in values.items()]
-    _check_size(math.prod(len(a) for a in axes), f"{source}: [scenario]")
+    _check_size(math.prod(len(a) for a in axes) * len(batches), f"{source}: [scenario]")
     out = []
     for combo in itertools.product(*axes):
         try:
@@ -232,7 +278,13 @@ def _scenarios(values: dict[str, Any], source: str) -> list[Scenario]:
                 f"{source}: [scenario] clients={scenario.clients} is more than train_size="
                 f"{scenario.train_size} training examples; lower clients or raise train_size"
             )
-        out.append(scenario)
+        for batch in batches:
+            if batch:
+                try:
+                    check_victims(batch, scenario.clients)
+                except FedbenchError as exc:
+                    raise type(exc)(f"{source}: [scenario] {exc}") from None
+            out.append((scenario, batch))
     return out
 
 
@@ -276,7 +328,7 @@ def build_grid(
     for text in overrides.sets:
         keys, value = parse_assignment(text)
         if keys[0] == "scenario" and len(keys) == 2:
-            scenario_values[keys[1]] = value
+            scenario_values = _victim_key_wins(scenario_values, {keys[1]: value})
         elif keys == ["grid", "seeds"]:
             seeds_value = value
         else:
@@ -310,7 +362,7 @@ def build_grid(
     _check_size(math.prod(len(x) for x in sizes), f"{source}: the grid")
 
     specs = []
-    for (ds, _), (md, mblock), sc, (df, _), (at, ablock), seed in itertools.product(
+    for (ds, _), (md, mblock), (sc, batch), (df, _), (at, ablock), seed in itertools.product(
         datasets, models, scenarios, defenses, attacks, seeds
     ):
         if not _allowed(mblock.get("datasets"), ds.name, "dataset"):
@@ -319,10 +371,11 @@ def build_grid(
             continue
         if not _allowed(ablock.get("datasets"), ds.name, "dataset"):
             continue
-        specs.append(RunSpec(ds, md, df, at, sc, seed, preset=str(meta.get("name", path.stem))))
         adaptive = _adaptive(df, at, ablock) if ablock.get("adaptive") and at is not None else None
-        if adaptive is not None:  # `adaptive = true`: the defense's own adaptive attack runs beside it
-            specs.append(RunSpec(ds, md, df, adaptive, sc, seed, preset=str(meta.get("name", path.stem))))
+        # `adaptive = true`: the defense's own adaptive attack runs beside it
+        for attack in (at, adaptive) if adaptive is not None else (at,):
+            spec = RunSpec(ds, md, df, attack, sc, seed, preset=str(meta.get("name", path.stem)))
+            specs.append(spec.with_victims(batch) if batch else spec)
     unique = list(dict.fromkeys(specs))
     if not unique:
         raise SpecError(f"{source}: the grid has no runs; the blocks' datasets/models lists exclude all")

@@ -1,19 +1,22 @@
 """Run specifications and their cache keys.
 
-A `RunSpec` is one point of a grid: (scenario, dataset, model, defense, attack, seed). Its key is
-the canonical JSON (sorted keys, resolved defaults, canonical names, plugin versions) and the first
-16 hex digits of its SHA-256 are the `run_id`. The utility part of a run is keyed without the
-attack and without the observation point (`OBSERVATION_FIELDS`), so every attack and every
-observation point of a grid cell shares one FL training run.
+A `RunSpec` is one point of a grid: (scenario, dataset, model, defense, attack, seed), and, for a
+victim batch, the clients its attack covers (`victims`). Its key is the canonical JSON (sorted keys,
+resolved defaults, canonical names, plugin versions) and the first 16 hex digits of its SHA-256 are
+the `run_id`. The utility part of a run is keyed without the attack, without the observation point
+(`OBSERVATION_FIELDS`) and without the victim batch, so every attack, every observation point and
+every victim batch of a grid cell shares one FL training run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedbench.errors import SpecError
 from fedbench.plugin import Scenario
 from fedbench.registry import registry_for
 from fedbench.spec.params import params_to_dict
@@ -106,9 +109,31 @@ def training_scenario(scenario: Scenario) -> Scenario:
     return scenario.replace(**{f: getattr(default, f) for f in OBSERVATION_FIELDS})
 
 
+def check_victims(victims: tuple[int, ...] | list[int], clients: int) -> None:
+    """A victim batch's clients: one or more distinct client indices below `clients`; a SpecError
+    (one line) naming the first that is not."""
+    if not victims:
+        raise SpecError("victims: give at least one client index")
+    for v in victims:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise SpecError(f"victims: {v!r} is not a client index (an integer >= 0)")
+        if v >= clients:
+            raise SpecError(
+                f"victims: client {v} does not exist with clients = {clients} (clients are 0..{clients - 1})"
+            )
+    if len(set(victims)) != len(victims):
+        raise SpecError(f"victims {list(victims)}: a client is listed twice")
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """One grid point. `preset` is provenance only: it is not part of the key."""
+    """One grid point. `preset` is provenance only: it is not part of the key.
+
+    `victims` is a victim batch: the clients (two or more, ascending) whose observations one attack
+    run covers, `scenario.victim` being the first. Empty (every run before victim batches, and a batch
+    of one, which is that victim's own run): the attack covers `scenario.victim` alone, and the key is
+    the one it always was.
+    """
 
     dataset: ComponentSpec
     model: ComponentSpec
@@ -117,10 +142,41 @@ class RunSpec:
     scenario: Scenario
     seed: int
     preset: str = field(default="", compare=False)
+    victims: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        victims = self.victims
+        if not victims:
+            return
+        if len(victims) < 2 or list(victims) != sorted(set(victims)):
+            raise SpecError(
+                f"a victim batch is two or more distinct clients in ascending order; got {victims}"
+            )
+        if self.scenario.victim != victims[0]:
+            raise SpecError(
+                f"victim batch {victims}: scenario.victim must be its first, got {self.scenario.victim}"
+            )
+        check_victims(victims, self.scenario.clients)
+
+    def with_victims(self, victims: tuple[int, ...] | list[int]) -> RunSpec:
+        """This spec with its attack covering `victims` (any order, no repeats): the batch's first client
+        goes in `scenario.victim`; a batch of one is that victim's own run (`victims` empty)."""
+        ordered = sorted(victims)
+        check_victims(ordered, self.scenario.clients)
+        scenario = self.scenario.replace(victim=ordered[0])
+        return dataclasses.replace(
+            self, scenario=scenario, victims=tuple(ordered) if len(ordered) > 1 else ()
+        )
+
+    @property
+    def victim_clients(self) -> tuple[int, ...]:
+        """The clients the attack covers, in victim order: the batch, or `scenario.victim` alone."""
+        return self.victims or (self.scenario.victim,)
 
     def utility_key(self) -> dict[str, Any]:
-        """The FL training's key: the run's key without the attack and without the attacker's vantage
-        point (`OBSERVATION_FIELDS`), so runs that differ only there share one training."""
+        """The FL training's key: the run's key without the attack, without the attacker's vantage
+        point (`OBSERVATION_FIELDS`) and without the victim batch, so runs that differ only there share
+        one training."""
         out = self._key()
         out["scenario"] = {k: v for k, v in out["scenario"].items() if k not in OBSERVATION_FIELDS}
         return out
@@ -136,9 +192,12 @@ class RunSpec:
         }
 
     def key(self) -> dict[str, Any]:
-        """The run's key: the whole scenario (observation point included) and the attack."""
+        """The run's key: the whole scenario (observation point included), the attack and the victim
+        batch (only when there is one: a single victim's key is the one it always was)."""
         out = self._key()
         out["attack"] = self.attack.key() if self.attack else None
+        if self.victims:
+            out["victims"] = list(self.victims)
         return out
 
     @property
@@ -165,8 +224,11 @@ class RunSpec:
             Scenario.from_dict(key["scenario"]),
             int(key["seed"]),
             preset=preset,
+            victims=tuple(int(v) for v in key.get("victims", ())),
         )
 
     def describe(self) -> str:
         attack = self.attack.label if self.attack else "-"
-        return f"{self.dataset.label}/{self.model.label} {self.defense.label} x {attack} seed={self.seed}"
+        victims = f" victims={','.join(map(str, self.victims))}" if self.victims else ""
+        head = f"{self.dataset.label}/{self.model.label} {self.defense.label}"
+        return f"{head} x {attack} seed={self.seed}{victims}"
