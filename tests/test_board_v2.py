@@ -266,8 +266,22 @@ def test_verify_rejects_bad_input(tiny_board, tmp_path, monkeypatch):
     assert res.exit_code == 2 and "not on board" in res.output
 
 
+@pytest.fixture
+def forget_qsgd():
+    """`add --plugin` registers example-qsgd in this process: unregister it afterwards and drop its
+    module (as tests/test_docs_examples.py does), so later tests see no `example-*` plugin."""
+    import sys
+
+    from fedbench import registry
+
+    yield
+    registry.defenses.unregister("example-qsgd")
+    for module in [m for m in sys.modules if m.startswith(f"fedbench_plugin_{PLUGIN.stem}_")]:
+        del sys.modules[module]
+
+
 def test_add_puts_a_plugin_defense_on_a_copy_without_touching_other_entries(
-    tiny_board, tmp_path, monkeypatch
+    tiny_board, tmp_path, monkeypatch, forget_qsgd
 ):
     base = _copy(tiny_board, tmp_path)
     monkeypatch.chdir(base)
