@@ -24,6 +24,7 @@ BOARDS = {
     "attribute-inference-adult-mlp": "board-attribute",
     "membership-mnist5k-mlp": "board-membership",
     "leakage-types-mnist5k-mlp": "board-leakage-types",
+    "leakage-example-mnist5k-mlp": "board-leakage-example",
 }
 MIN_INVERSION_GAP_DB = 25.0  # issue 18: no defense >= 25 dB above the random-image floor
 

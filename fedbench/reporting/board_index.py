@@ -89,11 +89,11 @@ def v2_summary(board: Board, entries: list[dict[str, Any]]) -> tuple[str, str]:
             "" if ranking.floor is None else f", floor {m.fmt(ranking.floor)}{'%' if m.unit == 'pct' else ''}"
         )
         head = f"{m.name}: none {rate}{floor}"
-    ranked = [r for r in ranking.ranked if r.defense != "none" or len(ranking.ranked) == 1]
+    ranked = [r for r in ranking.ranked if r.defense != "none"]
     if ranking.unresolved:
         top = "— (primary n/a)"
     elif not ranked:
-        top = "— (none ranked)"
+        top = "— (only none in budget)"
     else:
         top = ranked[0].defense
     return head, top
