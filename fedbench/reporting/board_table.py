@@ -144,6 +144,7 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
         if eps_label.startswith("noise"):
             verdict.append("noise, not DP")
         lk = row.leakage
+        point = operating_point(lk, board.primary)  # a TPR's realised FPR and thresholds, else None
         if lk.unresolved:
             primary_text = "n/a"
         else:
@@ -152,7 +153,6 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
             )
             if row.rate is not None and is_rate(prim):
                 primary_text += f" ({lk.successes:.0f}/{lk.n_inputs})"
-            point = operating_point(lk, board.primary)
             if row.rate is not None and point is not None:
                 primary_text += f" at FPR {point[0]:.0f}/{point[1]:.0f}"
         acc = m["test_acc"]
@@ -193,14 +193,8 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
                 f"{board.primary}_high": None if lk.unresolved else row.high,
                 f"{board.primary}_k": lk.successes if is_rate(prim) and not lk.unresolved else None,
                 f"{board.primary}_inputs": lk.n_inputs,
-                "realised_fpr": (lambda p: None if p is None or not p[1] else p[0] / p[1])(
-                    operating_point(lk, board.primary)
-                ),
-                "thresholds": " ".join(
-                    f"{t:.6g}"
-                    for t in ((operating_point(lk, board.primary) or (0, 0, []))[2])
-                    if t is not None
-                ),
+                "realised_fpr": None if point is None or not point[1] else point[0] / point[1],
+                "thresholds": " ".join(f"{t:.6g}" for t in (point[2] if point else []) if t is not None),
                 "verdict": ", ".join(verdict),
                 "acc_drop": row.drop,
                 "acc_drop_low": row.drop_low,

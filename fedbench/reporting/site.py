@@ -34,6 +34,7 @@ from fedbench.metrics.catalogue import metric
 from fedbench.reporting import board_index, board_notes, ranking
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.board_schema import Board
+from fedbench.reporting.board_table import build_table
 from fedbench.reporting.tables import Pivot, format_cell
 from fedbench.reporting.thumbnails import THUMBNAIL_FILE
 
@@ -93,12 +94,9 @@ def table(p: Pivot) -> dict[str, Any]:
 TEXT_COLUMNS = ("defense", "verdict", "worst attack")
 
 
-def v2_table(board: Board, entries: list[dict[str, Any]]) -> dict[str, Any]:
+def v2_table(board: Board, t: Any) -> dict[str, Any]:
     """A v2 board's table (`board_table`) for the template: rank, defense and the primary metric first;
     the rows within the utility budget ranked, the others after them with rank '—'."""
-    from fedbench.reporting.board_table import build_table
-
-    t = build_table(board, entries)
     headers = [{"label": h, "type": "text" if h in TEXT_COLUMNS else "number"} for h in t.headers]
     rows = [
         [{"text": text.strip("`"), "sort": _sort_value(text.strip("`"))} for text in row]
@@ -109,12 +107,6 @@ def v2_table(board: Board, entries: list[dict[str, Any]]) -> dict[str, Any]:
         "outside it (rank —) are listed after the ranked ones"
     )
     return {"caption": caption, "headers": headers, "rows": rows}
-
-
-def _v2_notes(board: Board, entries: list[dict[str, Any]]) -> list[str]:
-    from fedbench.reporting.board_table import build_table
-
-    return build_table(board, entries).notes
 
 
 def scenario_rows(board: Board, entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -209,14 +201,13 @@ def board_page(
     if thumbnails is not None:
         shutil.copyfile(thumbnails, folder / THUMBNAIL_FILE)
     (folder / lb.CSV_FILE).write_text(lb.render_csv(board, entries), encoding="utf-8")
+    v2 = build_table(board, entries) if board.board_version >= 2 else None  # one bootstrap per page
     html = (
         _templates()
         .get_template("site_board.html.j2")
         .render(
             board=board,
-            table=v2_table(board, entries)
-            if board.board_version >= 2
-            else table(lb.board_pivot(board, entries)),
+            table=v2_table(board, v2) if v2 is not None else table(lb.board_pivot(board, entries)),
             scenario=scenario_rows(board, entries),
             threat=threat_model(board, entries),
             stability=ranking.stability_note(board, entries),
@@ -230,7 +221,7 @@ def board_page(
                     board_notes.baseline_note(board, entries) if board.board_version < 2 else None,
                     board_notes.audit_note(board, entries),
                     board_notes.cost_note(board),
-                    *(_v2_notes(board, entries) if board.board_version >= 2 else ()),
+                    *(v2.notes if v2 is not None else ()),
                 )
                 if n
             ],
