@@ -269,6 +269,7 @@ def build_cmd(
     """
     from fedbench.cli._common import cache_dir_option, data_root_option, load_plugins
     from fedbench.cli.board_write import check_overwrite, grid_plugins
+    from fedbench.cli.running import print_left_out
     from fedbench.execution.cache import RunCache
     from fedbench.execution.runner import GridInterrupted, RunContext, check_grid
     from fedbench.spec.grid import build_grid
@@ -287,6 +288,7 @@ def build_cmd(
     cache = RunCache(cache_dir_option(cache_dir))
     failed = []
     for source, grid, setup, command in planned:
+        print_left_out(grid)
         try:
             with _sigterm_as_interrupt():
                 result = build_board(source, grid, setup, cache, root, command)

@@ -178,6 +178,7 @@ def run_cmd(
         + (f" — {grid.substitution}" if grid.substitution else ""),
         highlight=False,
     )
+    print_left_out(grid)
     started = time.perf_counter()
     counts: Counter = Counter()
     try:
@@ -352,6 +353,16 @@ def _print_plan(grid) -> None:
             str(spec.seed),
         )
     out.print(table)
+    print_left_out(grid)
+
+
+def print_left_out(grid) -> None:
+    """The attack x defense pairs the grid left out because the attack does not apply, and the attacks
+    its `[grid.suite]` excludes, one line each on stderr (issue 28: a suite says what it skipped)."""
+    for attack, defense, reason in grid.skipped:
+        err.print(f"skipped {attack} x {defense}: {reason}", highlight=False)
+    for attack, reason in grid.excluded:
+        err.print(f"excluded {attack}: {reason}", highlight=False)
 
 
 @handle_errors

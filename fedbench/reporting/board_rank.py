@@ -30,7 +30,7 @@ What it computes, per configuration c of a board with seeds s and attacked input
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,13 +89,21 @@ def _seed_key(s: Any) -> int:
     return int(s)
 
 
-def worst_per_input(entry: dict[str, Any], name: str) -> Leakage:
-    """The entry's primary `name` per input, worst case over its attacks, aligned by (seed, victim,
-    position); or its per-seed counts when no attack kept per-input values of it."""
+Keep = Callable[[str], bool] | None  # which attacks (by label) a worst case takes; None: all
+
+
+def _attacks(table: dict[str, Any] | None, keep: Keep) -> list[tuple[str, Any]]:
+    return [(a, v) for a, v in (table or {}).items() if keep is None or keep(a)]
+
+
+def worst_per_input(entry: dict[str, Any], name: str, keep: Keep = None) -> Leakage:
+    """The entry's primary `name` per input, worst case over its attacks (those `keep` accepts),
+    aligned by (seed, victim, position); or its per-seed counts when no attack kept per-input values of
+    it."""
     sign = metric(name).leakage_sign
     out = Leakage()
     by_seed: dict[int, dict[tuple[Any, int], tuple[float, str]]] = {}
-    for attack, seeds in (entry.get("per_input") or {}).items():
+    for attack, seeds in _attacks(entry.get("per_input"), keep):
         for s, rec in seeds.items():
             values = (rec.get("values") or {}).get(name)
             if values is None:
@@ -118,10 +126,10 @@ def worst_per_input(entry: dict[str, Any], name: str) -> Leakage:
         out.attack[s] = [cells[k][1] for k in keys]
     if out.inputs:
         return out
-    return _worst_counts(entry, name)
+    return _worst_counts(entry, name, keep)
 
 
-def _worst_counts(entry: dict[str, Any], name: str) -> Leakage:
+def _worst_counts(entry: dict[str, Any], name: str, keep: Keep = None) -> Leakage:
     """A per-seed rate (k of n per seed and attack): the worst attack chosen on held-out seeds (for
     each seed, the attack with the highest rate on the other seeds: selection noise is not counted as
     leakage), its counts on that seed. n/a when a seed's non-members cannot resolve a TPR's FPR."""
@@ -147,7 +155,7 @@ def _worst_counts(entry: dict[str, Any], name: str) -> Leakage:
         )
         return out
     per_attack: dict[str, dict[int, dict[str, Any]]] = {}
-    for attack, seeds in (entry.get("per_seed") or {}).items():
+    for attack, seeds in _attacks(entry.get("per_seed"), keep):
         for s, rec in seeds.items():
             if rec.get(name) is not None and rec.get(f"{name}:n"):
                 per_attack.setdefault(attack, {})[_seed_key(s)] = rec
@@ -334,11 +342,16 @@ def utility_drop(
 
 
 def rank_board(
-    entries: list[dict[str, Any]], primary: str, budget_pp: float | None, floor_metric: str = ""
+    entries: list[dict[str, Any]],
+    primary: str,
+    budget_pp: float | None,
+    floor_metric: str = "",
+    keep: Keep = None,
 ) -> Ranking:
-    """The v2 ranking of a board's entries (module docstring)."""
+    """The v2 ranking of a board's entries (module docstring), by the worst case over the attacks that
+    `keep` accepts (all by default)."""
     none = next((e for e in entries if e["defense"] == "none"), None)
-    leaks = [worst_per_input(e, primary) for e in entries]
+    leaks = [worst_per_input(e, primary, keep) for e in entries]
     seeds = sorted({s for lk in leaks for s in lk.seeds})
     width = max([v.size for lk in leaks for v in lk.inputs.values()] or [1])
     draws = Draws(seeds, width)
@@ -393,6 +406,33 @@ def rank_board(
     chance = _floor(entries, "reid_chance")
     unresolved = next((lk.unresolved for lk in leaks if lk.unresolved), "")
     return Ranking(primary, budget_pp, ranked_rows, outside, floor, floor_metric, chance, draws.n, unresolved)
+
+
+def is_adaptive(label: str) -> bool:
+    """Whether the attack of a suite label (`soteria-adaptive[iterations=200]`) adapts to a defense
+    (`fedbench.spec.applicability.adapts_to`); an attack this process does not know counts as plain."""
+    from fedbench.errors import FedbenchError
+    from fedbench.spec.applicability import adapts_to
+
+    try:
+        return bool(adapts_to(label.split("[", 1)[0]))
+    except FedbenchError:
+        return False
+
+
+def has_adaptive(entries: list[dict[str, Any]]) -> bool:
+    """Whether any entry holds results of an adaptive attack."""
+    return any(
+        is_adaptive(a) for e in entries for table in ("per_input", "per_seed") for a in e.get(table) or {}
+    )
+
+
+def plain_ranking(
+    entries: list[dict[str, Any]], primary: str, budget_pp: float | None, floor_metric: str = ""
+) -> Ranking:
+    """The ranking by the non-adaptive attacks' worst case: what the board would say without its
+    adaptive attacks (issue 28 ranks by the adaptive worst case and flags the rows whose rank moved)."""
+    return rank_board(entries, primary, budget_pp, floor_metric, keep=lambda a: not is_adaptive(a))
 
 
 def _stability(rows: list[Row], sign: int) -> None:

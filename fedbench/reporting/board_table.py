@@ -17,8 +17,10 @@ from fedbench.reporting.board_notes import entry_budget, epsilon_value
 from fedbench.reporting.board_rank import (
     Ranking,
     Row,
+    has_adaptive,
     is_noise,
     operating_point,
+    plain_ranking,
     rank_board,
     secondary_medians,
     worst_per_input,
@@ -112,10 +114,17 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
     ranking = rank_board(entries, board.primary, board.utility_budget, FLOOR_OF.get(board.primary, ""))
     prim = metric(board.primary)
     secondary = _secondary(board, entries)
+    # a board with adaptive attacks also shows the non-adaptive worst case, and flags moved ranks
+    plain = (
+        {r.defense: r for r in plain_ranking(entries, board.primary, board.utility_budget).rows}
+        if has_adaptive(entries)
+        else None
+    )
     headers = [
         "rank",
         "defense",
         prim.header,
+        *([f"{prim.name} without adaptive attacks"] if plain is not None else []),
         "verdict",
         "acc drop (pp) ↓",
         "test acc (%) ↑",
@@ -143,6 +152,9 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
             verdict.append("outside budget")
         if eps_label.startswith("noise"):
             verdict.append("noise, not DP")
+        before = plain.get(row.defense) if plain is not None else None
+        if before is not None and in_rank and before.rank != row.rank:
+            verdict.append(f"rank moved by an adaptive attack (was {before.rank})")
         lk = row.leakage
         point = operating_point(lk, board.primary)  # a TPR's realised FPR and thresholds, else None
         if lk.unresolved:
@@ -168,10 +180,20 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
             if row.same_rank is not None
             else "—"
         )
+        plain_text = (
+            []
+            if plain is None
+            else [
+                "—"
+                if before is None or before.rate is None
+                else prim.fmt(before.rate) + _interval(before.low, before.high, prim.scale, 1)
+            ]
+        )
         text = [
             str(row.rank) if in_rank else "—",
             f"`{row.defense}`",
             primary_text,
+            *plain_text,
             ", ".join(verdict),
             drop_text,
             acc_text,
@@ -195,6 +217,14 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
                 f"{board.primary}_inputs": lk.n_inputs,
                 "realised_fpr": None if point is None or not point[1] else point[0] / point[1],
                 "thresholds": " ".join(f"{t:.6g}" for t in (point[2] if point else []) if t is not None),
+                **(
+                    {}
+                    if plain is None
+                    else {
+                        f"{board.primary}_non_adaptive": None if before is None else before.rate,
+                        "rank_non_adaptive": None if before is None else before.rank,
+                    }
+                ),
                 "verdict": ", ".join(verdict),
                 "acc_drop": row.drop,
                 "acc_drop_low": row.drop_low,
@@ -215,7 +245,26 @@ def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
                 "date": e["date"],
             }
         )
-    return V2Table(board, ranking, headers, ranked, outside, records, _notes(board, ranking))
+    notes = _notes(board, ranking)
+    if plain is not None:
+        notes.append(_adaptive_note(ranking, plain))
+    return V2Table(board, ranking, headers, ranked, outside, records, notes)
+
+
+def _adaptive_note(ranking: Ranking, plain: dict[str, Row]) -> str:
+    """Which rows' ranks the adaptive attacks moved (the README names them, issue 28)."""
+    moved = [
+        f"`{r.defense}` ({plain[r.defense].rank} → {r.rank})"
+        for r in ranking.ranked
+        if r.defense in plain and plain[r.defense].rank != r.rank
+    ]
+    head = (
+        "Ranked by the worst case over the whole suite, adaptive attacks included; the column "
+        '"without adaptive attacks" is the worst case over the non-adaptive attacks alone. '
+    )
+    if not moved:
+        return head + "The adaptive attacks moved no rank."
+    return head + "Rows whose rank the adaptive attacks moved (without → with): " + ", ".join(moved) + "."
 
 
 def _notes(board: Board, ranking: Ranking) -> list[str]:

@@ -31,6 +31,7 @@ from typing import Any
 from fedbench.errors import FedbenchError, SpecError, UnknownNameError, did_you_mean
 from fedbench.plugin import Scenario
 from fedbench.registry import registry_for
+from fedbench.spec.applicability import adaptive_attacks, applicable_extras, pair_reason
 from fedbench.spec.params import is_sequence_param
 from fedbench.spec.patterns import parse_assignment, parse_pattern
 from fedbench.spec.preset_schema import BoardTable, check_preset
@@ -73,6 +74,10 @@ class Grid:
     seeds: tuple[int, ...] = (0,)
     reported: tuple[dict[str, Any], ...] = ()
     board: dict[str, Any] = field(default_factory=dict)
+    # (attack, defense, reason) of the pairs the grid left out because the attack does not apply
+    skipped: tuple[tuple[str, str, str], ...] = ()
+    # (attack, reason) of the registered attacks a `[grid.suite]` leaves out by name
+    excluded: tuple[tuple[str, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -192,18 +197,48 @@ def _components(kind: str, blocks: list[dict[str, Any]], source: str) -> list[tu
     return out
 
 
-def _adaptive(defense: ComponentSpec, attack: ComponentSpec, block: dict[str, Any]) -> ComponentSpec | None:
-    """The adaptive attack `defense` declares (`Defense.adaptive_attack`), with the parameters the
-    standard attack's block set plus those of its `adaptive_params` table that this adaptive attack
-    has, or None when the defense declares none (or is that attack)."""
-    name = getattr(registry_for("defense").get(defense.name), "adaptive_attack", "")
-    if not name or name == attack.name:
-        return None
+def _adaptives(defense: ComponentSpec, attack: ComponentSpec, block: dict[str, Any]) -> list[ComponentSpec]:
+    """The attacks that adapt to `defense` (`applicability.adaptive_attacks`: the one it declares, then
+    those declaring `adapts_to` it), each with the parameters the standard attack's block set and those
+    of its `adaptive_params` table that it has; none when the block's attack is one of them."""
+    names = adaptive_attacks(defense.name)
+    if attack.name in names:
+        return []
     given = {k: v for k, v in attack.params_dict.items() if k in attack.given}
     extra = block.get("adaptive_params", {})
-    fields = registry_for("attack").get(name).Params.__dataclass_fields__
-    given.update({k: v for k, v in extra.items() if k in fields})
-    return ComponentSpec.resolve("attack", name, given)
+    out = []
+    for name in names:
+        fields = registry_for("attack").get(name).Params.__dataclass_fields__
+        params = {k: v for k, v in {**given, **extra}.items() if k in fields}
+        out.append(ComponentSpec.resolve("attack", name, params))
+    return out
+
+
+def _suite_blocks(
+    suite: dict[str, Any],
+    attack_blocks: list[dict[str, Any]],
+    defenses: list[str],
+    scenarios: list[Any],
+    source: str,
+) -> list[dict[str, Any]]:
+    """`[grid.suite]`: the blocks of the registered attacks that join the named ones (their defaults)."""
+    reg = registry_for("attack")
+    exclude = {}
+    for name, reason in suite.get("exclude", {}).items():
+        try:
+            exclude[reg.canonical(name)] = reason
+        except FedbenchError as exc:
+            raise type(exc)(f"{source}: [grid.suite] exclude: {exc}") from None
+    named = [b["name"] for b in attack_blocks]
+    if not named:
+        raise SpecError(
+            f"{source}: [grid.suite] needs at least one [[attack]] block: the suite takes the attacks of its "
+            "family and threat model"
+        )
+    # attacks an `adaptive = true` block already pairs with their defenses stay with that block's params
+    paired = {a for b in attack_blocks if b.get("adaptive") for d in defenses for a in adaptive_attacks(d)}
+    extras = applicable_extras(named, defenses, scenarios, {**exclude, **dict.fromkeys(paired, "")})
+    return [{"name": n} for n in extras]
 
 
 def _pattern_blocks(patterns: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -351,6 +386,10 @@ def build_grid(
     defenses = _components("defense", blocks("defense", overrides.defenses) or [{"name": "none"}], source)
     attack_blocks = blocks("attack", overrides.attacks)
     attack_blocks = [b for b in attack_blocks if b["name"] != "none"]
+    if meta.get("suite") is not None and overrides.attacks is None:
+        attack_blocks += _suite_blocks(
+            meta["suite"], attack_blocks, [d.name for d, _ in defenses], [sc for sc, _ in scenarios], source
+        )
     attacks: list[tuple[ComponentSpec | None, dict]] = list(_components("attack", attack_blocks, source))
     if not attacks:
         attacks = [(None, {})]
@@ -362,6 +401,7 @@ def build_grid(
     _check_size(math.prod(len(x) for x in sizes), f"{source}: the grid")
 
     specs = []
+    skipped: dict[tuple[str, str], str] = {}  # (attack, defense) -> why the pair does not apply
     for (ds, _), (md, mblock), (sc, batch), (df, _), (at, ablock), seed in itertools.product(
         datasets, models, scenarios, defenses, attacks, seeds
     ):
@@ -371,12 +411,18 @@ def build_grid(
             continue
         if not _allowed(ablock.get("datasets"), ds.name, "dataset"):
             continue
-        adaptive = _adaptive(df, at, ablock) if ablock.get("adaptive") and at is not None else None
-        # `adaptive = true`: the defense's own adaptive attack runs beside it
-        for attack in (at, adaptive) if adaptive is not None else (at,):
+        # `adaptive = true`: the attacks that adapt to the defense run beside the block's attack
+        adaptive = _adaptives(df, at, ablock) if ablock.get("adaptive") and at is not None else []
+        for attack in (at, *adaptive):
+            reason = pair_reason(attack, df, sc) if attack is not None else None
+            if reason:
+                skipped.setdefault((attack.label, df.label), reason)
+                continue
             spec = RunSpec(ds, md, df, attack, sc, seed, preset=str(meta.get("name", path.stem)))
             specs.append(spec.with_victims(batch) if batch else spec)
     unique = list(dict.fromkeys(specs))
+    if overrides.attacks is not None:
+        _check_named_attacks(unique, skipped, source)
     if not unique:
         raise SpecError(f"{source}: the grid has no runs; the blocks' datasets/models lists exclude all")
     return Grid(
@@ -389,4 +435,17 @@ def build_grid(
         seeds=seeds,
         reported=tuple(data.get("reported", [])),
         board=dict(meta.get("board", {})),
+        skipped=tuple((a, d, r) for (a, d), r in skipped.items()),
+        excluded=tuple(dict(meta.get("suite", {}).get("exclude", {})).items()),
     )
+
+
+def _check_named_attacks(specs: list[RunSpec], skipped: dict[tuple[str, str], str], source: str) -> None:
+    """An attack named on the command line (-a) that applies to none of the grid's pairs is an error:
+    the user asked for it, so skipping it silently would hide the mistake."""
+    running = {s.attack.label for s in specs if s.attack is not None}
+    for (attack, _), reason in skipped.items():
+        if attack not in running:
+            raise SpecError(
+                f"{source}: -a {attack} applies to no pair of this grid ({reason}); pick another -D or -a"
+            )

@@ -9,7 +9,7 @@ names and parameters when the blocks expand, `[scenario]` keys against `Scenario
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -42,6 +42,16 @@ class BoardTable(FileModel):
         return self
 
 
+class SuiteTable(FileModel):
+    """[grid.suite]: the suite is every applicable registered attack (`fedbench.spec.applicability`)."""
+
+    include: Literal["applicable"] = "applicable"
+    # attacks left out of the suite, each with the reason the board states
+    exclude: Annotated[
+        dict[str, str], expect('a table of attack = "reason", e.g. exclude = { sdan-poisoning = "..." }')
+    ] = {}
+
+
 class GridTable(FileModel):
     """[grid]: the preset's name and provenance."""
 
@@ -53,6 +63,7 @@ class GridTable(FileModel):
     extends: str | None = None
     full_data: str | None = None
     board: BoardTable | None = None
+    suite: SuiteTable | None = None
 
 
 class Block(FileModel):
