@@ -82,14 +82,24 @@ def needs_attributes(cls: type[Plugin]) -> bool:
     return getattr(cls, "family", "") == "attribute" or cls.name in ATTRIBUTE_DEFENSES
 
 
+# the tiny models an attack is tried on, in order: the first one it does not skip runs it
+TINY_ATTACK_MODELS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("lenet", {}),
+    ("fcnn", {"fc1_width": 64, "depth": 3}),
+    ("imprint", {"base": "mlp[hidden=[8]]", "bins": 16}),
+)
+
+
 def model_for(attack: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """LeNet for gradient-matching attacks; a small FC-first net for attacks that skip LeNet."""
+    """LeNet for gradient-matching attacks; a small FC-first net for attacks that skip LeNet; the
+    imprint model for attacks that need the architecture a malicious server ships (robbing-the-fed)."""
     from fedbench.models import build_model
 
-    lenet = build_model("lenet", {}, (1, 8, 8), 10)
-    if registry_for("attack").get(attack)(params).check_model(lenet):
-        return "fcnn", {"fc1_width": 64, "depth": 3}
-    return "lenet", {}
+    plugin = registry_for("attack").get(attack)(params)
+    for name, model_params in TINY_ATTACK_MODELS:
+        if not plugin.check_model(build_model(name, model_params, (1, 8, 8), 10)):
+            return name, model_params
+    return TINY_ATTACK_MODELS[1]
 
 
 def tiny_spec(kind: str, name: str, params: dict[str, Any] | None = None, seed: int = 0) -> RunSpec:

@@ -337,3 +337,38 @@ def test_ci_verifies_one_cheap_run_of_a_committed_v2_board(tmp_path, monkeypatch
     res = runner.invoke(app, ["leaderboard", "verify", name, "--run", run, "--no-stamp", "--threads", "1"])
     assert res.exit_code == 0, res.output
     assert ": pass" in res.output and "numbers from 1 runs" in res.output
+
+
+def test_add_an_external_attack_to_every_row_it_applies_to(tiny_board, tmp_path, monkeypatch):
+    """`add -a` (issue 28): the attack runs on the cached trainings of every row, each entry gains its
+    per-input values, the board records it as external, and verify re-runs its runs too."""
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    cache = ["--dir", "boards", "--cache-dir", str(tiny_board / "cache")]
+    res = runner.invoke(app, ["leaderboard", "add", "tiny-v2", "-a", "fc-leakage", *cache])
+    assert res.exit_code == 0, res.output
+    assert "evaluated fc-leakage on 2 row(s) of tiny-v2" in res.output
+    folder = base / "boards" / "tiny-v2"
+    board = json.loads((folder / "board.json").read_text())
+    assert board["attack_suite"][-1] == "fc-leakage"
+    assert [x["attack"] for x in board["external_attacks"]] == ["fc-leakage"]
+    runs = []
+    for path in (folder / "entries").glob("*.json"):
+        e = json.loads(path.read_text())
+        assert set(e["per_input"]) == {"inverting-gradients[iterations=10]", "fc-leakage"}
+        assert e["attack_suite"] == board["attack_suite"]
+        runs += e["per_seed"]["fc-leakage"]["0"]["runs"]
+    # fc-leakage recovers the undefended MLP's input exactly: none's worst case is every input
+    none = json.loads((folder / "entries" / "none.json").read_text())
+    assert none["per_input"]["fc-leakage"]["0"]["values"]["reid"] == [1.0, 1.0]
+    assert "fc-leakage" in (folder / "README.md").read_text()
+    res = runner.invoke(app, ["leaderboard", "verify", "tiny-v2", "--dir", "boards", "--run", runs[0]])
+    assert res.exit_code == 0, res.output
+    # again: already in the suite; an attack that applies to no row; -D with -a
+    for args, message in (
+        (["-a", "fc-leakage"], "already in board tiny-v2's attack suite"),
+        (["-a", "loda-adaptive"], "applies to no pair"),
+        (["-a", "dlg", "-D", "none"], "not both or neither"),
+    ):
+        res = runner.invoke(app, ["leaderboard", "add", "tiny-v2", *args, *cache])
+        assert res.exit_code == 2 and message in res.output, res.output

@@ -173,8 +173,12 @@ def verify_cmd(
 
     path, extra = _board_grid(b, preset_dir, plugin)
     grid = build_grid(path, Overrides(), extra_dirs=extra)
+    every = list(grid.specs)
+    if b.external_attacks:  # `add -a` evaluations: their runs are the board's too
+        more = build_grid(path, Overrides(attacks=tuple(x.attack for x in b.external_attacks)), extra)
+        every += more.specs
     wanted = {x.run_id for x in chosen}
-    specs = [s for s in grid.specs if s.run_id in wanted]
+    specs = list({s.run_id: s for s in every if s.run_id in wanted}.values())
     missing = wanted - {s.run_id for s in specs}
     if missing:
         raise FedbenchError(
@@ -221,11 +225,22 @@ def verify_cmd(
 def add_cmd(
     board: BoardArgument,
     defense: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
             "-D", "--defense", help=literal('The configuration to add, e.g. -D "mine[strength=0.5]".')
         ),
-    ],
+    ] = None,
+    attack: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-a",
+            "--attack",
+            help=literal(
+                'An attack to evaluate against every row it applies to, e.g. -a "my-adaptive[steps=500]": '
+                "each row's worst case then includes it."
+            ),
+        ),
+    ] = None,
     root: DirOption = Path("leaderboards"),
     cache_dir: CacheDirOption = None,
     data_root: DataRootOption = None,
@@ -234,28 +249,54 @@ def add_cmd(
     preset_dir: PresetDirOption = None,
     plugin: PluginOption = None,
 ) -> None:
-    """Run the board's exact scenario, seeds and attack suite for a new defense configuration and put it
-    on the board, ranked, without touching any other entry.
+    """Put a new defense configuration on a board (-D), or evaluate a new attack against its rows (-a).
 
-    The baseline is the committed `none` entry (accuracy drops are paired with its per-seed accuracy),
-    so `none` is not re-run. The new entry records the plugin file's source digest. Ranks are computed
-    when the board renders (no entry stores one). What to send upstream afterwards: docs/submitting.md.
+    -D runs the board's exact scenario, seeds and attack suite for the configuration and puts it on the
+    board, ranked, without touching any other entry. The baseline is the committed `none` entry
+    (accuracy drops are paired with its per-seed accuracy), so `none` is not re-run. The new entry
+    records the plugin file's source digest.
+
+    -a (an external evaluation, e.g. an adaptive attack of your own) runs the attack on every row it
+    applies to (an adaptive attack: the rows of its defenses), on the cached trainings, and adds its
+    per-input values to each of those entries: each row's worst case, and so its rank, then includes
+    it. The board records the attack as external, with the plugin file's source digest.
+
+    Ranks are computed when the board renders (no entry stores one). What to send upstream afterwards:
+    docs/submitting.md.
 
     Examples:
 
       fedbench leaderboard add inversion-fedsgd-mnist5k-mlp -D "mine\\[strength=0.5]" --plugin mine.py
 
       fedbench leaderboard add my-board -D "dp-gaussian\\[sigma=0.05]" --dir boards --preset-dir presets
+
+      fedbench leaderboard add inversion-fedsgd-mnist5k-mlp -a "my-adaptive\\[steps=500]" --plugin mine.py
     """
     from fedbench.cli._common import cache_dir_option, data_root_option
     from fedbench.reporting import leaderboard as lb
     from fedbench.reporting.board_build import build
     from fedbench.reporting.board_verify import source_digest
 
+    if bool(defense) == bool(attack):
+        raise FedbenchError(
+            "give -D (a configuration to add) or -a (an attack to evaluate), not both or neither"
+        )
     b, entries = _load_v2(root, board)
     from fedbench.spec.grid import Overrides, build_grid
 
     path, extra = _board_grid(b, preset_dir, plugin)
+    ctx_args = (data_root_option(data_root), threads, n_jobs)
+    if attack:
+        _add_attacks(
+            root,
+            b,
+            entries,
+            build_grid(path, Overrides(attacks=tuple(attack)), extra),
+            plugin,
+            ctx_args,
+            cache_dir_option(cache_dir),
+        )
+        return
     grid = build_grid(path, Overrides(defenses=tuple(defense)), extra_dirs=extra)
     labels = sorted({s.defense.label for s in grid.specs})
     taken = [x for x in labels if x in {e["defense"] for e in entries}]
@@ -263,9 +304,7 @@ def add_cmd(
         raise FedbenchError(
             f"-D {taken[0]!r}: already on board {board}; its entry is entries/{lb.slug(taken[0])}.json"
         )
-    results, records = _run_specs(
-        grid, grid.specs, (data_root_option(data_root), threads, n_jobs), cache_dir_option(cache_dir)
-    )
+    results, records = _run_specs(grid, grid.specs, ctx_args, cache_dir_option(cache_dir))
     failed = [r for r in records if r.status != "ok"]
     if failed:
         raise FedbenchError(
@@ -295,3 +334,61 @@ def add_cmd(
     for target, e in zip(written, new, strict=True):
         rank = ranks.get(e["defense"]) or "not ranked (outside the utility budget)"
         out.print(f"added {e['defense']} to {board}: rank {rank} -> {target}", highlight=False)
+
+
+def _add_attacks(root, b, entries, grid, plugin, ctx_args, cache_dir) -> None:
+    """`leaderboard add -a`: run the attack(s) against the board's rows it applies to and add their
+    per-input and per-seed values (and leakage means) to those entries; record them as external."""
+    import datetime
+
+    from fedbench.reporting import leaderboard as lb
+    from fedbench.reporting.board_build import build
+    from fedbench.reporting.board_schema import ExternalAttack
+    from fedbench.reporting.board_verify import source_digest
+
+    rows = {e["defense"]: e for e in entries}
+    specs = [s for s in grid.specs if s.defense.label in rows]
+    labels = sorted({s.attack.label for s in specs if s.attack is not None})
+    taken = [a for a in labels if a in b.attack_suite]
+    if taken:
+        raise FedbenchError(f"-a {taken[0]!r}: already in board {b.name}'s attack suite")
+    if not specs:
+        raise FedbenchError(f"-a {', '.join(labels) or '?'}: applies to no row of board {b.name}")
+    results, records = _run_specs(grid, specs, ctx_args, cache_dir)
+    failed = [r for r in records if r.status not in ("ok", "skipped")]
+    if failed:
+        raise FedbenchError(
+            f"{len(failed)} run(s) failed (first: {failed[0]['defense']} seed {failed[0]['seed']}: "
+            f"{failed[0].get('reason')}); nothing added"
+        )
+    none = rows.get("none")
+    _board, new = build(results, b.name, baseline=none)
+    digest = {"file": Path(plugin[0]).name, "digest": source_digest(plugin[0])} if plugin else None
+    suite = [*b.attack_suite, *labels]
+    changed = []
+    for n in new:
+        e = rows.get(n["defense"])
+        if e is None or not n.get("per_input") and not n.get("per_seed"):
+            continue
+        for table in ("per_input", "per_seed"):
+            e[table] = {**(e.get(table) or {}), **(n.get(table) or {})}
+        leakage = n["metrics"].get("leakage") or {}
+        e["metrics"]["leakage"] = {**(e["metrics"].get("leakage") or {}), **leakage}
+        e["run_ids"] = sorted(set(e["run_ids"]) | set(n["run_ids"]))
+        changed.append(e)
+    today = datetime.date.today().isoformat()
+    external = [*b.external_attacks, *(ExternalAttack(attack=a, date=today, plugin=digest) for a in labels)]
+    b2 = b.model_copy(update={"attack_suite": tuple(suite), "external_attacks": tuple(external)})
+    for e in entries:  # every entry checked before any file is written
+        e["attack_suite"] = suite
+        lb.validate_entry(e, b2, f"entry {e['defense']}")
+    for e in entries:
+        target = root / b.name / lb.ENTRIES_DIR / f"{lb.slug(e['defense'])}.json"
+        target.write_text(lb.dump_json(e), encoding="utf-8")
+    lb.write_board_file(root, b2)
+    lb.render(root, [b.name])
+    out.print(
+        f"evaluated {', '.join(labels)} on {len(changed)} row(s) of {b.name}: "
+        + ", ".join(e["defense"] for e in changed),
+        highlight=False,
+    )

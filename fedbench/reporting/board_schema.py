@@ -126,6 +126,15 @@ class VerifyStamp(FileModel):
     numbers: Annotated[int, Field(ge=0)] = 0  # how many numbers were compared
 
 
+class ExternalAttack(FileModel):
+    """An attack evaluated on the board after it was built (`leaderboard add -a`): RobustBench's external
+    (adaptive) evaluations. Its values sit in the entries like the suite's; `verify` re-runs it too."""
+
+    attack: str  # the attack's label, as in the suite
+    date: str
+    plugin: dict[str, str] | None = None  # the plugin file's name and source digest, when it came from one
+
+
 class Board(FileModel):
     """board.json: one scenario slice with a fixed attack suite, its headline metric and how to rerun it."""
 
@@ -156,6 +165,7 @@ class Board(FileModel):
     knowledge: dict[str, bool] = {}  # the attacker's knowledge switches (labels, defense, ...)
     verified: VerifyStamp | None = None  # the last `fedbench leaderboard verify`
     environment: dict[str, str] = {}  # torch version and CPU capability of the build (verify compares)
+    external_attacks: Annotated[tuple[ExternalAttack, ...], Field(strict=False)] = ()  # `add -a`
 
     @model_validator(mode="after")
     def _method(self) -> Board:
