@@ -8,7 +8,7 @@ parameters, optimiser and budget) plus an analytic step on the first fully conne
 
 - `soteria-adaptive` (adapts to `soteria`). Soteria zeroes the pruned input columns of ONE layer's
   weight gradient and shares every other tensor unchanged. The attack of Balunovic et al. (ICLR 2022,
-  "Bayesian Framework for Gradient Leakage", §6: Soteria is broken by leaving the defended layer's
+  "Bayesian Framework for Gradient Leakage", evaluation of heuristic defenses: Soteria is broken by leaving the defended layer's
   gradient out of the reconstruction objective; the gradient-inversion SoK, USENIX Security 2025, lists
   Soteria as bypassed) matches every tensor except the defend layer's weight (`defended=drop`; `kept`
   matches that weight's columns that were sent, an extension). Where the first FC layer's weight and
@@ -50,7 +50,7 @@ from fedbench.spec.params import param
 
 BAYES_LEAKAGE_PAPER = Paper(
     "balunovic2022bayesian",
-    "Bayesian Framework for Gradient Leakage (adaptive attack on Soteria, §6)",
+    "Bayesian Framework for Gradient Leakage (adaptive attack on Soteria)",
     "https://arxiv.org/abs/2111.04706",
 )
 PRUNING_ADAPTIVE_PAPER = Paper(
