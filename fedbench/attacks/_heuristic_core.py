@@ -16,9 +16,12 @@ Both attacks are one pipeline with two defense-specific inputs, what the attacke
    on the sent coordinates only, whose box is the valid pixel range except at the recovered pixels, where
    its lower and upper bounds both equal the recovered value (so the projection after every step keeps
    them fixed and the optimisation fills the rest).
-3. Choice (`choose`): a complete, consistent, in-range analytic image is returned as is (its matching
-   cost is zero up to rounding; no optimisation is run); otherwise the optimisation's output, which holds
-   every recovered pixel. Where an analytic image is complete but fails a check, both are scored by the
+   Under magnitude pruning a pruned entry of a known row bounds the pixel: |db_i x_j| < the smallest
+   kept |dW| (`limit`), which narrows the box of the free pixels. `fill=prior` replaces the optimisation
+   by the dataset mean (normalised 0) projected into that box.
+3. Choice (in `reconstruct`): a complete, consistent, in-range analytic image is returned as is (its
+   matching cost is zero up to rounding; no optimisation is run); otherwise the fill's output, which
+   holds every recovered pixel. Where an analytic image is complete but fails a check, both are scored by the
    same matching objective and the lower one wins: the attacker never reads the ground truth.
 
 What is "sent" (the defense-specific knowledge):
