@@ -46,6 +46,7 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.gradient_matching",
     "fedbench.attacks.inverting_gradients",
     "fedbench.attacks.adaptive",
+    "fedbench.attacks.adaptive_heuristic",
     "fedbench.attacks.fc_leakage",
     "fedbench.attacks.sdan",
     "fedbench.attacks.rtf",
