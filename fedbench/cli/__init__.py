@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from fedbench.cli import board_ops_cmd  # noqa: F401  (registers leaderboard verify/add)
+from fedbench.cli.audit_cmd import audit_cmd
 from fedbench.cli.cache_cmd import cache_app
 from fedbench.cli.compare import compare_cmd
 from fedbench.cli.epsilon_cmd import epsilon_cmd
@@ -33,6 +34,7 @@ app.command("validate")(validate_cmd)
 app.command("compare")(compare_cmd)
 app.command("export")(export_cmd)
 app.command("epsilon")(epsilon_cmd)
+app.command("audit")(audit_cmd)
 app.add_typer(leaderboard_app, name="leaderboard")
 app.add_typer(plot_app, name="plot")
 app.add_typer(cache_app, name="cache")
