@@ -190,6 +190,23 @@ def test_fl_references_are_one_artifact_for_two_target_seeds(tmp_path, monkeypat
     assert len(entries) == 2
 
 
+def test_a_diverged_fl_reference_is_redrawn_with_its_next_seed(monkeypatch):
+    seeds = []
+    original = refcore._train_fl
+
+    def first_diverges(arch, defense, data, x, y, seed, device):
+        seeds.append(seed)
+        if len(seeds) == 1:
+            return {"diverged": "training diverged: non-finite loss in round 2, client 1", "cpu_seconds": 0.0}
+        return original(arch, defense, data, x, y, seed, device)
+
+    monkeypatch.setattr(refcore, "_train_fl", first_diverges)
+    result = compute_attack(Job(_spec("mia-rmia", {"references_n": 2}, 0), RunContext()))
+    extra = result["output"]["extra"]
+    assert len(seeds) == 3 and seeds[0] != seeds[1]  # reference 0 twice (a new seed), reference 1 once
+    assert extra["references_diverged"] == 1 and extra["references_n"] == 2
+
+
 def test_central_references_are_shared_by_the_cheap_mode_and_across_seeds(tmp_path, monkeypatch):
     trained = []
     original = refcore._train_central

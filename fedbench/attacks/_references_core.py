@@ -18,6 +18,7 @@ import torch
 from fedbench.attacks import _membership_core as core
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.plugin import DatasetBundle, RunData, artifact
+from fedbench.spec.run import canonical_json
 
 if TYPE_CHECKING:
     from torch import nn
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from fedbench.plugin import Defense
 
 ARTIFACT_KIND = "membership-reference"
+MAX_ATTEMPTS = 3  # draws of an FL reference before a diverging protocol fails the attack
 REFERENCE_TEST = 500  # test examples a reference FL run evaluates on (its accuracy is reported, not used)
 
 
@@ -129,7 +131,10 @@ def _train_fl(
     fresh = type(defense)(defense.params)  # a pristine defense per simulation, as the runner gives
     with torch.random.fork_rng(devices=[]):  # the simulation seeds torch's global RNG: keep the caller's
         sim = Simulation(sc, bundle, lambda: core.fresh_copy(arch, seed), fresh, seed, device)
-        result = sim.run()
+        try:
+            result = sim.run()
+        except RunFailure as error:  # a noisy protocol that diverged on this draw: kept, and replaced
+            return {"diverged": str(error), "cpu_seconds": time.process_time() - start}
     return {
         "state": {k: v.detach().cpu().clone() for k, v in sim.global_state.items()},
         "rounds": int(result.rounds_run),
@@ -180,45 +185,63 @@ def train_references(
     if p.references == "fl" and defense is None:
         raise RunFailure("references=fl: the runner bound no defense to copy (bind_defense)")
     arch_key = repr(arch) + str([(n, tuple(t.shape)) for n, t in arch.state_dict().items()])
-    states, rows = [], []
+    states, rows, diverged = [], [], []
     for j in range(k):
-        seed = int(np.random.default_rng([p.reference_seed, j]).integers(2**31 - 1))
         fill = np.random.default_rng([p.reference_seed, j, 1]).permutation(len(y_own))
         pick = torch.as_tensor(np.nonzero(is_in[j])[0])
         n_fill = max(0, size - len(pick))
         x = torch.cat([x_c[pick], x_own[fill[:n_fill]]])
         y = torch.cat([y_c[pick], y_own[fill[:n_fill]]])
-        from fedbench.spec.run import canonical_json
+        for attempt in range(MAX_ATTEMPTS):  # a diverged FL reference is redrawn with its next seed
+            seed = int(
+                np.random.default_rng([p.reference_seed, j, *([attempt + 1] if attempt else [])]).integers(
+                    2**31 - 1
+                )
+            )
+            key: dict[str, Any] = {
+                "arch": arch_key,
+                "data": _digest(x, y),
+                "seed": seed,
+                "mode": p.references,
+            }
+            if p.references == "fl":
+                sc = _reference_scenario(data, len(y))
+                key |= {"scenario": dataclasses.asdict(sc), "defense": _defense_key(defense)}
+                key["test"] = _digest(data.bundle.x_test[:REFERENCE_TEST])
 
-        key: dict[str, Any] = {"arch": arch_key, "data": _digest(x, y), "seed": seed, "mode": p.references}
-        if p.references == "fl":
-            sc = _reference_scenario(data, len(y))
-            key |= {"scenario": dataclasses.asdict(sc), "defense": _defense_key(defense)}
-            key["test"] = _digest(data.bundle.x_test[:REFERENCE_TEST])
+                def compute(x=x, y=y, seed=seed) -> dict[str, Any]:
+                    return _train_fl(arch, defense, data, x, y, seed, device)
+            else:
+                key |= {"epochs": p.central_epochs, "lr": lr, "batch": batch}
 
-            def compute(x=x, y=y, seed=seed) -> dict[str, Any]:
-                return _train_fl(arch, defense, data, x, y, seed, device)
+                def compute(x=x, y=y, seed=seed) -> dict[str, Any]:
+                    return _train_central(arch, x, y, p.central_epochs, lr, batch, seed, device)
+
+            value = artifact(ARTIFACT_KIND, canonical_json(key), compute)
+            rows.append(value)
+            if "diverged" not in value:
+                states.append(value["state"])
+                break
+            diverged.append(value["diverged"])
         else:
-            key |= {"epochs": p.central_epochs, "lr": lr, "batch": batch}
-
-            def compute(x=x, y=y, seed=seed) -> dict[str, Any]:
-                return _train_central(arch, x, y, p.central_epochs, lr, batch, seed, device)
-
-        value = artifact(ARTIFACT_KIND, canonical_json(key), compute)
-        states.append(value["state"])
-        rows.append(value)
+            raise RunFailure(
+                f"reference {j}: {MAX_ATTEMPTS} FL runs of the target's protocol diverged ({diverged[-1]})"
+            )
+    trained = [r for r in rows if "diverged" not in r]
     facts: dict[str, Any] = {
         "references": p.references,
         "references_n": k,
         "reference_size": size,
         "references_online": online,
+        # CPU time their training took, when it ran (a reference read from the store costs nothing now)
         "references_cpu_seconds": float(sum(r["cpu_seconds"] for r in rows)),
     }
     if p.references == "fl":
         facts |= {
-            "reference_rounds": sorted({r["rounds"] for r in rows}),
-            "reference_clients": sorted({r["clients"] for r in rows}),
-            "reference_test_acc": float(np.mean([r["test_acc"] for r in rows])),
+            "reference_rounds": sorted({r["rounds"] for r in trained}),
+            "reference_clients": sorted({r["clients"] for r in trained}),
+            "reference_test_acc": float(np.mean([r["test_acc"] for r in trained])),
+            "references_diverged": len(diverged),  # redrawn with their next seed
         }
     return ReferenceSet(tuple(states), is_in, facts)
 
