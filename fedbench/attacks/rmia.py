@@ -119,7 +119,7 @@ class MIARMIA(ReferenceAttack):
         offline_a: float = param(
             0.3, "a of Pr(x) = ((1+a) Pr_OUT(x) + (1-a))/2 (ML Privacy Meter's 0.3)", min=0, max=1
         )
-        gamma: float = param(1.0, "gamma of Pr_z[LR(x, z) >= gamma] (the paper's 1)", min=0, min_open=True)
+        gamma: float = param(1.0, "gamma of Pr_z(LR(x, z) >= gamma), the paper's 1", min=0, min_open=True)
         population: int = param(
             0, "population samples z; 0 = every non-member pool example not queried", min=0
         )
