@@ -21,6 +21,9 @@ What a reference trains on (one per reference k = 0..K-1):
   up with the attacker's own data to `size` examples.
 `size` defaults to the target's training-set size (every client's examples), so a reference's clients
 hold as many examples as the target's.
+A reference starts from the target's architecture re-initialised by its modules' `reset_parameters`
+(as `mia-lira`'s do). An FL reference that diverges (a noisy protocol, a non-finite loss) is stored as
+diverged and redrawn with its next seed, up to 3 draws (`references_diverged` counts them).
 
 Sharing. References belong to the attacker, so nothing of the target's run keys them: the attacker's
 own reference seed (`reference_seed`, not the run's seed) picks each reference's data and
