@@ -54,6 +54,8 @@ _BUILTIN_MODULES = (
     "fedbench.defenses.recup",
     "fedbench.attacks.membership",
     "fedbench.attacks.lira",
+    "fedbench.attacks.lira_online",
+    "fedbench.attacks.rmia",
 )
 ENTRY_POINT_GROUP = "fedbench.plugins"
 
