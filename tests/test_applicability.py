@@ -151,3 +151,12 @@ def test_the_dry_run_lists_what_the_grid_left_out(tmp_path, soteria_aware):
     assert res.exit_code == 0, res.output
     assert f"skipped {soteria_aware} x none: {soteria_aware} adapts to soteria only" in res.output
     assert "excluded cpl: slow" in res.output
+
+
+def test_an_attack_block_may_run_against_some_defenses_only(tmp_path):
+    attacks = '[[attack]]\nname = "dlg"\n\n[[attack]]\nname = "idlg"\ndefenses = ["soteria"]\n'
+    grid = build_grid(_preset(tmp_path, attacks=attacks))
+    pairs = {(s.attack.name, s.defense.name) for s in grid.specs}
+    assert pairs == {("dlg", "none"), ("dlg", "soteria"), ("idlg", "soteria")}
+    with pytest.raises(SpecError, match="defenses"):
+        build_grid(_preset(tmp_path, attacks='[[attack]]\nname = "dlg"\ndefenses = "none"\n'))

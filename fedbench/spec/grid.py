@@ -4,10 +4,10 @@ A preset has a `[grid]` table (name, description, paper, seeds, substitution, op
 a `[scenario]` table (a list value sweeps), and `[[dataset]]`, `[[model]]`, `[[defense]]`,
 `[[attack]]` blocks with a `name` and `params` whose list values sweep as a cartesian product
 (a list is one value for a list-typed parameter; a list of lists sweeps it). A model block may
-restrict itself to `datasets = [...]`, an attack block to `models = [...]` and `datasets = [...]`; an
-attack block with `adaptive = true` also runs, for every defense that declares one, the defense's adaptive
-attack with the block's parameters (LODA -> loda-adaptive) and those of `adaptive_params = {...}` it
-has, so boards take the worst case over both.
+restrict itself to `datasets = [...]`, an attack block to `models = [...]`, `datasets = [...]` and
+`defenses = [...]`; an attack block with `adaptive = true` also runs, for every defense of the grid,
+the attacks that adapt to it (`fedbench.spec.applicability`: LODA -> loda-adaptive) with the block's
+parameters and those of `adaptive_params = {...}` they have, so boards take the worst case over both.
 `[scenario] victims` makes victim batches: one attack run over several victims (`RunSpec.victims`)
 instead of one run per victim (`victim = [0, 1]`): `victims = 10` is clients 0..9 in one run,
 `victims = [0, 3, 7]` those clients in one run, `victims = [[0, 1], [2, 3]]` two runs. A preset gives
@@ -410,6 +410,8 @@ def build_grid(
         if not _allowed(ablock.get("models"), md.name, "model"):
             continue
         if not _allowed(ablock.get("datasets"), ds.name, "dataset"):
+            continue
+        if not _allowed(ablock.get("defenses"), df.name, "defense"):
             continue
         # `adaptive = true`: the attacks that adapt to the defense run beside the block's attack
         adaptive = _adaptives(df, at, ablock) if ablock.get("adaptive") and at is not None else []

@@ -74,6 +74,8 @@ class Block(FileModel):
     # a model or attack block runs only for these datasets, an attack block only against these models
     datasets: Annotated[list[str], expect('a list of dataset names, e.g. datasets = ["digits"]')] = []
     models: Annotated[list[str], expect('a list of model names, e.g. models = ["mlp"]')] = []
+    # an attack block runs only against these defenses (e.g. a costly attack on `none` and one DP row)
+    defenses: Annotated[list[str], expect('a list of defense names, e.g. defenses = ["none"]')] = []
     adaptive: bool = False  # an attack block: also each defense's adaptive attack
     adaptive_params: Annotated[dict[str, Any], expect("a table, e.g. adaptive_params = { pool = 8 }")] = {}
 
