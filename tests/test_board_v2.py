@@ -372,3 +372,30 @@ def test_add_an_external_attack_to_every_row_it_applies_to(tiny_board, tmp_path,
     ):
         res = runner.invoke(app, ["leaderboard", "add", "tiny-v2", *args, *cache])
         assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_budget_check_reruns_with_doubled_budgets_and_records_it(tiny_board, tmp_path, monkeypatch):
+    """`budget-check` (issue 28): the suite's optimisation attacks at 2x their iterations on none and
+    the rank-1 rows; each row's rate on the same seeds before and after; stamped into board.json and
+    the README."""
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    args = ["leaderboard", "budget-check", "tiny-v2", "--dir", "boards", "--seeds", "1"]
+    res = runner.invoke(app, [*args, "--cache-dir", str(tiny_board / "cache")])
+    assert res.exit_code in (0, 1), res.output
+    folder = base / "boards" / "tiny-v2"
+    check = json.loads((folder / "board.json").read_text())["budget_check"]
+    assert check["factor"] == 2 and check["seeds"] == [0]
+    assert check["attacks"] == ["inverting-gradients[iterations=10]"]
+    rows = {r["defense"]: r for r in check["rows"]}
+    assert "none" in rows and all(0.0 <= r["doubled"] <= 1.0 for r in rows.values())
+    assert check["result"] == ("pass" if res.exit_code == 0 else "fail")
+    assert all(
+        r["passed"]
+        == (abs(r["doubled"] - r["rate"]) < (r["high"] - r["low"]) / 2 or r["doubled"] == r["rate"])
+        for r in rows.values()
+    )
+    readme = (folder / "README.md").read_text()
+    assert "## Attack budgets" in readme and "inverting-gradients[iterations=10] multiplied by 2" in readme
+    res = runner.invoke(app, [*args, "--entry", "nosuch", "--cache-dir", str(tiny_board / "cache")])
+    assert res.exit_code == 2 and "--entry 'nosuch': not on board" in res.output

@@ -6,7 +6,10 @@ from typing import Annotated
 
 import typer
 
-from fedbench.cli import board_ops_cmd  # noqa: F401  (registers leaderboard verify/add)
+from fedbench.cli import (
+    board_ops_cmd,  # noqa: F401  (registers leaderboard verify/add)
+    budget_check_cmd,  # noqa: F401  (registers leaderboard budget-check)
+)
 from fedbench.cli.audit_cmd import audit_cmd
 from fedbench.cli.cache_cmd import cache_app
 from fedbench.cli.compare import compare_cmd

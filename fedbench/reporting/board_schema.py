@@ -166,6 +166,9 @@ class Board(FileModel):
     verified: VerifyStamp | None = None  # the last `fedbench leaderboard verify`
     environment: dict[str, str] = {}  # torch version and CPU capability of the build (verify compares)
     external_attacks: Annotated[tuple[ExternalAttack, ...], Field(strict=False)] = ()  # `add -a`
+    budget_check: dict[
+        str, Any
+    ] = {}  # the last `leaderboard budget-check` (`fedbench.reporting.budget_check`)
 
     @model_validator(mode="after")
     def _method(self) -> Board:

@@ -429,6 +429,12 @@ def scenario_table(board: Board, entries: list[dict[str, Any]]) -> str:
     return tabulate(rows, headers=["scenario", ""], tablefmt="github", disable_numparse=True)
 
 
+def budget_note(check: dict[str, Any]) -> str:
+    from fedbench.reporting.budget_check import note
+
+    return note(check)
+
+
 def verified_note(board: Board) -> str:
     """The last `leaderboard verify` stamp in words ('' when the board was never verified)."""
     v = board.verified
@@ -468,6 +474,7 @@ def render_readme_v2(board: Board, entries: list[dict[str, Any]], thumbnails: bo
             scenario_table=scenario_table(board, entries),
             cost=cost_note(board),
             verified=verified_note(board),
+            budget_check=budget_note(board.budget_check),
         )
         .replace("\n\n\n", "\n\n")
     )

@@ -1,0 +1,118 @@
+"""The budget check of a v2 board (issue 28): would more attack budget find more?
+
+A board is only as strong as its attacks' budgets. On a sample of cells (`none` and the best-ranked
+rows by default), every optimisation attack of the suite is re-run with its iteration budget
+multiplied by `factor` (2: "doubling"), on the board's own trainings, and the row's primary rate is
+recomputed with the doubled attacks in place of the originals (worst case per input over the suite,
+as the board takes it). The check passes for a row when the rate moves by less than the half-width of
+the row's published 95 % interval: more budget would not change what the board says. If it moves
+more, the board's budgets must be raised.
+
+An attack counts as an optimisation attack when it has an integer `iterations` parameter; one on its
+auto (plateau) schedule (`iterations = none`) is listed as not doubled: its stop rule, not a number,
+sets its budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedbench.reporting.board_rank import Row, worst_per_input
+
+BUDGET_PARAM = "iterations"
+
+
+@dataclass
+class RowCheck:
+    """One row's check: its rate with the board's budgets and with `factor` times them, on the same
+    seeds; the published interval whose half-width the move must stay under."""
+
+    defense: str
+    rate: float
+    doubled: float
+    low: float
+    high: float
+    attacks: list[str] = field(default_factory=list)
+
+    @property
+    def moved(self) -> float:
+        return abs(self.doubled - self.rate)
+
+    @property
+    def passed(self) -> bool:
+        return self.moved < (self.high - self.low) / 2 or self.moved == 0.0
+
+
+def doubled_attack(attack: Any, factor: int) -> Any | None:
+    """The attack spec with its iteration budget multiplied by `factor`, or None when it has none to
+    double (not an optimisation attack, or on its auto schedule)."""
+    from fedbench.spec.run import ComponentSpec
+
+    value = attack.params_dict.get(BUDGET_PARAM)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    given = {k: v for k, v in attack.params_dict.items() if k in attack.given}
+    return ComponentSpec.resolve("attack", attack.name, {**given, BUDGET_PARAM: value * factor})
+
+
+def doubled_specs(specs: list[Any], rows: set[str], factor: int) -> tuple[list[Any], dict[str, str]]:
+    """The runs of the chosen rows with each optimisation attack's budget multiplied, and {doubled
+    attack label: the board's attack label} to put them in place of the originals."""
+    out, labels = [], {}
+    for spec in specs:
+        if spec.defense.label not in rows or spec.attack is None:
+            continue
+        more = doubled_attack(spec.attack, factor)
+        if more is None:
+            continue
+        labels[more.label] = spec.attack.label
+        out.append(dataclasses.replace(spec, attack=more))
+    return list(dict.fromkeys(out)), labels
+
+
+def check_row(row: Row, doubled_entry: dict[str, Any], labels: dict[str, str], primary: str) -> RowCheck:
+    """The row's rate with the doubled attacks in place of the originals, on the seeds they ran."""
+    entry = row.entry
+    swapped = dict(entry.get("per_input") or {})
+    replaced = []
+    for new, old in labels.items():
+        values = (doubled_entry.get("per_input") or {}).get(new)
+        if values is not None and old in swapped:
+            swapped[old] = values
+            replaced.append(new)
+    seeds = {s for new in replaced for s in doubled_entry["per_input"][new]}
+
+    def on_seeds(per_input: dict[str, Any]) -> dict[str, Any]:
+        return {a: {s: r for s, r in v.items() if s in seeds} for a, v in per_input.items()}
+
+    before = worst_per_input({**entry, "per_input": on_seeds(entry.get("per_input") or {})}, primary).point()
+    after = worst_per_input({**entry, "per_input": on_seeds(swapped)}, primary).point()
+    return RowCheck(
+        row.defense,
+        float(before if before is not None else float("nan")),
+        float(after if after is not None else float("nan")),
+        float(row.low if row.low is not None else 0.0),
+        float(row.high if row.high is not None else 0.0),
+        sorted(replaced),
+    )
+
+
+def note(check: dict[str, Any]) -> str:
+    """The board README's sentence for a recorded budget check ('' when none is recorded)."""
+    if not check:
+        return ""
+    parts = [
+        f"`{r['defense']}` {100 * r['rate']:.1f} % → {100 * r['doubled']:.1f} % "
+        f"({'converged' if r['passed'] else 'MOVED beyond half its interval'})"
+        for r in check["rows"]
+    ]
+    attacks = ", ".join(check["attacks"]) or "none"
+    auto = f"; on their auto schedule, not doubled: {', '.join(check['auto'])}" if check.get("auto") else ""
+    return (
+        f"Budget check ({check['date']}, `fedbench leaderboard budget-check`): the iteration budget of "
+        f"{attacks} multiplied by {check['factor']} on seeds {', '.join(map(str, check['seeds']))}{auto}. "
+        f"The primary rate, same seeds: {'; '.join(parts)}. Result: {check['result']} (a row passes when "
+        "its rate moves by less than half its published 95 % interval)."
+    )
