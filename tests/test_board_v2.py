@@ -399,3 +399,28 @@ def test_budget_check_reruns_with_doubled_budgets_and_records_it(tiny_board, tmp
     assert "## Attack budgets" in readme and "inverting-gradients[iterations=10] multiplied by 2" in readme
     res = runner.invoke(app, [*args, "--entry", "nosuch", "--cache-dir", str(tiny_board / "cache")])
     assert res.exit_code == 2 and "--entry 'nosuch': not on board" in res.output
+
+
+def test_audit_stores_each_dp_rows_one_run_bound(tiny_board, tmp_path, monkeypatch):
+    """`leaderboard audit` (issue 28): a board without a DP row is a usage error; with one (added by
+    `add -D`), its one-run bound, the method and the formal epsilon go into its entry and the README."""
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    cache = ["--dir", "boards", "--cache-dir", str(tiny_board / "cache")]
+    res = runner.invoke(app, ["leaderboard", "audit", "tiny-v2", *cache])
+    assert res.exit_code == 2 and "has no DP row" in res.output, res.output
+    res = runner.invoke(app, ["leaderboard", "add", "tiny-v2", "-D", "dp-gaussian[sigma=0.5,clip=1]", *cache])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["leaderboard", "audit", "tiny-v2", "--canaries", "40", *cache])
+    assert res.exit_code in (0, 1), res.output
+    entry = json.loads(
+        (base / "boards" / "tiny-v2" / "entries" / "dp-gaussian_clip_1_sigma_0.5.json").read_text()
+    )
+    audit = entry["metrics"]["one_run_audit"]
+    assert audit["formal_eps"] == pytest.approx(entry["metrics"]["epsilon"]) and audit["confidence"] == 0.95
+    assert 0.0 <= audit["eps_lower"] and "Steinke" in audit["method"] and "m=40" in audit["method"]
+    assert (res.exit_code == 1) == (audit["eps_lower"] > audit["formal_eps"])
+    assert (
+        "Empirical epsilon (`fedbench leaderboard audit`"
+        in (base / "boards" / "tiny-v2" / "README.md").read_text()
+    )

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from fedbench.cli import (
+    board_audit_cmd,  # noqa: F401  (registers leaderboard audit)
     board_ops_cmd,  # noqa: F401  (registers leaderboard verify/add)
     budget_check_cmd,  # noqa: F401  (registers leaderboard budget-check)
 )

@@ -88,6 +88,37 @@ def audit_note(board: Board, entries: list[dict[str, Any]]) -> str | None:
     return head + f" eps_lower exceeds the formal epsilon for {names}: mis-implemented or mis-accounted."
 
 
+def one_run_audit_note(entries: list[dict[str, Any]]) -> str | None:
+    """The `leaderboard audit` bounds of a board's DP rows in words (None when no row was audited)."""
+    audited = [e for e in entries if e["metrics"].get("one_run_audit")]
+    if not audited:
+        return None
+    rows = []
+    over = []
+    for e in audited:
+        a = e["metrics"]["one_run_audit"]
+        formal = a.get("formal_eps")
+        rows.append(
+            f"`{e['defense']}` ≥ {a['eps_lower']:.2f} (formal {formal:.2f})" if formal is not None else ""
+        )
+        if formal is not None and a["eps_lower"] > formal:
+            over.append(f"`{e['defense']}`")
+    method = audited[0]["metrics"]["one_run_audit"]["method"]
+    verdict = (
+        f" The bound exceeds the formal epsilon for {', '.join(over)}: mis-implemented or mis-accounted."
+        if over
+        else " No bound exceeds its formal epsilon."
+    )
+    return (
+        "Empirical epsilon (`fedbench leaderboard audit`, one training run per row, lower bounds at "
+        f"{100 * audited[0]['metrics']['one_run_audit']['confidence']:.0f} % confidence): "
+        + "; ".join(r for r in rows if r)
+        + f". Method of the first row: {method}."
+        + verdict
+        + " A black-box one-run bound far below the formal epsilon is expected (docs/auditing.md)."
+    )
+
+
 def epsilon_legend(entries: list[dict[str, Any]]) -> str:
     """'δ=1e-05, client-level, rdp' when every DP-accounted entry shares them, else ''."""
     keys = {_budget_key(e["metrics"]) for e in entries if _accounted(e["metrics"])}

@@ -258,6 +258,8 @@ class EntryMetrics(FileModel):
     accountant: str | None = None
     epsilon_infinite: bool = False  # the accountant gave no finite epsilon (rendered as ∞)
     eps_lower: EpsLower | None = None
+    # `leaderboard audit`: the one-run audit's bound (eps_lower, confidence, delta, formal_eps, seed, method)
+    one_run_audit: dict[str, Any] | None = None
     leakage: dict[str, dict[str, Stat | None]] | None = None  # attack -> metric -> stat
     worst_case: dict[MetricName, Stat | None] | None = None  # over the attack suite
     cost: Cost | None = None
