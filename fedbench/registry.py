@@ -45,6 +45,8 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.gradient_matching",
     "fedbench.attacks.inverting_gradients",
     "fedbench.attacks.adaptive",
+    "fedbench.attacks.noise_aware",
+    "fedbench.attacks.frl_adaptive",
     "fedbench.attacks.fc_leakage",
     "fedbench.attacks.sdan",
     "fedbench.attacks.attribute_inference",
