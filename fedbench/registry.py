@@ -47,6 +47,8 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.inverting_gradients",
     "fedbench.attacks.adaptive",
     "fedbench.attacks.adaptive_heuristic",
+    "fedbench.attacks.noise_aware",
+    "fedbench.attacks.frl_adaptive",
     "fedbench.attacks.fc_leakage",
     "fedbench.attacks.sdan",
     "fedbench.attacks.rtf",
