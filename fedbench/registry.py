@@ -50,6 +50,7 @@ _BUILTIN_MODULES = (
     "fedbench.attacks.noise_aware",
     "fedbench.attacks.frl_adaptive",
     "fedbench.attacks.fc_leakage",
+    "fedbench.attacks.fedavg_leakage",
     "fedbench.attacks.sdan",
     "fedbench.attacks.rtf",
     "fedbench.attacks.attribute_inference",
