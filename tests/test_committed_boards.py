@@ -21,6 +21,7 @@ BOARDS = {
     "inversion-fedsgd-mnist5k-mlp": "board-fedsgd",
     "inversion-fedavg-mnist5k-mlp": "board-fedavg",
     "malicious-server-mnist5k-fcnn": "board-malicious",
+    "malicious-imprint-mnist5k-fcnn": "board-malicious-imprint",
     "attribute-inference-adult-mlp": "board-attribute",
     "membership-mnist5k-mlp": "board-membership",
     "leakage-types-mnist5k-mlp": "board-leakage-types",
