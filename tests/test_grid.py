@@ -336,3 +336,13 @@ def test_requires_python_covers_tomllib():
     floor = re.fullmatch(r">=\s*3\.(\d+)", project["project"]["requires-python"].strip())
     assert floor and (int(floor.group(1)) >= 11 or not needs_tomllib)
     assert project["tool"]["ruff"]["target-version"] == f"py3{floor.group(1)}"
+
+
+def test_a_label_with_a_pattern_valued_string_parses_back():
+    """A string parameter holding a pattern (imprint's base model) is quoted in the label, so the label
+    that boards store as the scenario's model parses back to the same component."""
+    comp = ComponentSpec.resolve("model", "imprint", {"base": "fcnn[fc1_width=64,depth=2]", "bins": 8})
+    assert comp.label == 'imprint[base="fcnn[fc1_width=64,depth=2]",bins=8]'
+    name, params = parse_pattern(comp.label)
+    assert ComponentSpec.resolve("model", name, params) == comp
+    assert ComponentSpec.resolve("defense", "soteria", {"layer": "first"}).label == "soteria[layer=first]"

@@ -80,11 +80,18 @@ def _thaw(v: Any) -> Any:
     return v
 
 
+# a string value holding one of these is quoted in a label, so the label parses back as a pattern
+# (`imprint[base="fcnn[fc1_width=1024]",bins=64]`)
+_PATTERN_CHARS = frozenset('[]{},="\'')
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     if isinstance(v, list):
         return "[" + ",".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, str) and _PATTERN_CHARS & set(v):
+        return json.dumps(v)
     return str(v)
 
 
