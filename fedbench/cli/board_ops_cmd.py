@@ -26,6 +26,7 @@ from fedbench.cli.running import PresetDirOption
 from fedbench.errors import FedbenchError
 
 BoardArgument = Annotated[str, typer.Argument(help="Board name (a folder under --dir).", show_default=False)]
+StampOption = Annotated[bool, typer.Option("--stamp/--no-stamp", help="Write the result into board.json.")]
 
 
 def _board_grid(board, preset_dir, plugin):
@@ -114,9 +115,7 @@ def verify_cmd(
     rng_seed: Annotated[
         int | None, typer.Option("--rng-seed", help=literal("Seed of the draw [default: random]."))
     ] = None,
-    stamp: Annotated[
-        bool, typer.Option("--stamp/--no-stamp", help="Write the result into board.json.")
-    ] = True,
+    stamp: StampOption = True,
     root: DirOption = Path("leaderboards"),
     data_root: DataRootOption = None,
     threads: ThreadsOption = None,

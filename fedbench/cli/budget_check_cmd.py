@@ -18,7 +18,7 @@ from fedbench.cli._common import (
     literal,
     out,
 )
-from fedbench.cli.board_ops_cmd import BoardArgument, _board_grid, _load_v2, _run_specs
+from fedbench.cli.board_ops_cmd import BoardArgument, StampOption, _board_grid, _load_v2, _run_specs
 from fedbench.cli.leaderboard_cmd import DirOption, _command
 from fedbench.cli.running import PresetDirOption
 from fedbench.errors import FedbenchError
@@ -40,9 +40,7 @@ def budget_check_cmd(
         int | None,
         typer.Option("--seeds", min=1, help=literal("Check on the board's first K seeds [default: all].")),
     ] = None,
-    stamp: Annotated[
-        bool, typer.Option("--stamp/--no-stamp", help="Write the result into board.json.")
-    ] = True,
+    stamp: StampOption = True,
     root: DirOption = Path("leaderboards"),
     cache_dir: CacheDirOption = None,
     data_root: DataRootOption = None,
