@@ -392,3 +392,28 @@ def test_a_membership_attack_skips_a_victim_batch_with_its_reason(tmp_path):
     spec = _spec("mia-loss", {}).with_victims([0, 1])
     record = execute(spec, RunCache(tmp_path / "c"), RunContext())
     assert record.status == "skipped" and "victim batches are for reconstruction attacks" in record["reason"]
+
+
+@numeric
+def test_grouped_lbfgs_steps_on_before_any_curvature_pair_is_accepted(float64):
+    """A linear objective has y = 0, so no curvature pair is ever accepted (what a 99 %-pruned gradient's
+    flat directions did to `dlg` on the FedSGD board: the recursion over 0 pairs raised). Every group
+    then takes `_lbfgs`'s steepest-descent steps, scaled by the initial Hessian guess."""
+    c = torch.tensor([[1.0, -2.0, 0.5], [0.25, 1.0, -1.0]], dtype=torch.float64)
+
+    def closure(zz, rows=None):
+        cc = c if rows is None else c[rows]
+        return (zz * cc).sum(1), cc.clone()
+
+    z = torch.zeros((2, 3), dtype=torch.float64)
+    args = (3, 0.1, 4, 5, None, False, "dlg")
+    zg, fg, its, _, success, dead = _victims._lbfgs_grouped(closure, z, torch.arange(2), *args)
+    for v in range(2):
+
+        def alone(zz, v=v):
+            return closure(zz, torch.tensor([v]))
+
+        z1, f1, _, _, _, _ = inv._lbfgs(alone, z[v : v + 1], *args)
+        torch.testing.assert_close(zg[v : v + 1], z1, rtol=0, atol=1e-12)
+        torch.testing.assert_close(fg[v : v + 1], f1, rtol=1e-12, atol=1e-12)
+    assert (fg < 0).all() and not any(dead)  # it moved downhill

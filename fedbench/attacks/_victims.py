@@ -658,8 +658,10 @@ def _lbfgs_grouped(
                 slot = (pos[:, None] - 1 - torch.arange(depth, device=dev)[None]) % H  # [R, depth]: by age
                 rho_age = RHO.gather(1, slot).T.unsqueeze(-1).unbind(0)  # depth x [R, 1]
                 flat = (ring + slot).T.reshape(-1)  # age-major rows of the flattened [R * H, n] views
-                s_age = S.view(R * H, -1).index_select(0, flat).view(depth, R, -1).unbind(0)
-                y_age = Y.view(R * H, -1).index_select(0, flat).view(depth, R, -1).unbind(0)
+                # (n spelled out: before any candidate accepted a pair, depth is 0 and -1 is ambiguous)
+                n = z.shape[1]
+                s_age = S.view(R * H, n).index_select(0, flat).view(depth, R, n).unbind(0)
+                y_age = Y.view(R * H, n).index_select(0, flat).view(depth, R, n).unbind(0)
                 q = -g
                 alphas = []
                 for s_k, y_k, rho_k in zip(s_age, y_age, rho_age, strict=True):
