@@ -135,3 +135,51 @@ def test_an_artifact_from_other_code_is_recomputed(tmp_path, monkeypatch):
         assert artifact("test", '{"k": 1}', compute).tolist() == [0, 1, 2] and len(calls) == 2
     (line,) = rc.take_warnings()
     assert line.startswith("stale test artifact cache entry") and "changed since it was computed" in line
+
+
+def test_every_declared_equivalent_edit_is_keyed_by_the_code_now():
+    """A declaration whose module was edited again is dead (the new code digests anew): remove it, or
+    declare the new edit, with its reason."""
+    for name, edits in sources.EQUIVALENT_EDITS.items():
+        now = sources.code_now(name)
+        assert now in edits, f"{name}: no declaration matches its code now ({now}); remove the stale one"
+        assert edits[now] != now
+
+
+def test_a_declared_edit_digests_as_the_code_it_replaces(monkeypatch):
+    name = "fedbench.defenses._tensors"  # in the digest of the test plugins above
+    now = sources.code_now(name)
+    sources.forget()
+    plain = sources.module_closure([name])[name]
+    assert plain == now
+    monkeypatch.setitem(sources.EQUIVALENT_EDITS, name, {now: "f" * 64})
+    sources.forget()
+    assert sources.module_closure([name])[name] == "f" * 64
+    # a declaration keyed by other code (the module edited again since) has no effect
+    monkeypatch.setitem(sources.EQUIVALENT_EDITS, name, {"0" * 64: "f" * 64})
+    sources.forget()
+    assert sources.module_closure([name])[name] == plain
+    sources.forget()
+
+
+def test_a_cached_entry_of_the_replaced_code_is_served(tmp_path, plugin, monkeypatch):
+    """An entry stamped with the replaced code's digest is served while the edit is declared, and
+    recomputed (with the warning) once it is not. The entry is written under a declaration mapping the
+    code now to a stand-in digest of the "old" code (the plugin file's own module is keyed by a
+    per-process name, so the declaration is on a fedbench module the plugin imports)."""
+    name = "fedbench.defenses._tensors"
+    monkeypatch.setitem(sources.EQUIVALENT_EDITS, name, {sources.code_now(name): "a" * 64})
+    _load(plugin, 0.5)
+    cache = RunCache(tmp_path / "cache")
+    first = execute(_spec(), cache, RunContext())
+    assert first.status == "ok" and not first.columns["from_cache"]
+    sources.forget()
+    served = execute(_spec(), cache, RunContext())
+    assert served.status == "ok" and served.columns["from_cache"]
+    monkeypatch.delitem(sources.EQUIVALENT_EDITS, name)
+    sources.forget()
+    again = execute(_spec(), cache, RunContext())
+    assert again.status == "ok" and not again.columns["from_cache"]
+    assert any("changed" in w for w in again.warnings)
+    assert again["test_acc"] == first["test_acc"]
+    sources.forget()
