@@ -82,7 +82,7 @@ def _thaw(v: Any) -> Any:
 
 # a string value holding one of these is quoted in a label, so the label parses back as a pattern
 # (`imprint[base="fcnn[fc1_width=1024]",bins=64]`)
-_PATTERN_CHARS = frozenset('[]{},="\'')
+_PATTERN_CHARS = frozenset("[]{},=\"'")
 
 
 def _fmt(v: Any) -> str:
