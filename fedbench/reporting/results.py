@@ -276,7 +276,9 @@ def _check_numbers(frame, path: Path):
     for col in [c for c in frame.columns if c in numeric]:
         # a victim batch's flag is a bool where its victims agree and their share where they differ
         # (`scoring._joined_column`), so a CSV column of a flag mixes "True"/"False" with numbers
-        column = frame[col].map(lambda v: flags.get(v, v) if isinstance(v, str | bool) else v)
+        column = frame[col]
+        if not pd.api.types.is_numeric_dtype(column):  # only a text column can hold "True"/"False"
+            column = column.map(lambda v: flags.get(v, v) if isinstance(v, str | bool) else v)
         values = pd.to_numeric(column, errors="coerce")
         bad = frame[col].notna() & values.isna()
         if bad.any():
