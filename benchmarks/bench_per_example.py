@@ -35,7 +35,8 @@ dp-sgd row is fedbench with Opacus's flat rule), Fed-CDP's noise has std sigma*C
 (noise=example) and Opacus's sigma*C/B (equal count of draws), fedbench draws its noise on the CPU
 generator (then moves it, on a GPU), and Opacus's hooks / ghost modes also form the ordinary batch
 weight gradients in their (first) backward.
-All per-example methods are checked to agree (1e-5), ghost's step gradient to materialise's (float
+All per-example methods are checked to agree (1e-5; 2e-3 relative on CUDA, whose TF32 kernels round
+more), ghost's step gradient to materialise's (float
 tolerance), and every Opacus step's clipped mean (noise 0) and fedbench's flat-clip one to the flat
 clip of torch.func's per-example gradients. The python loop runs only for B <= 32 (one backward pass
 per example).
@@ -135,6 +136,11 @@ def bench_model(name: str, model_factory, batch: int, repeats: int, device: str 
     loss_fn = loss_function("ce")
     params = [p for p in model.parameters()]
     names = [n for n, _ in model.named_parameters()]
+    # CUDA convolutions and products run in TF32 by default (a 10-bit mantissa): the methods agree to
+    # about 1e-3 relative there, to float32 rounding on the CPU
+    cuda = str(device).startswith("cuda")
+    tol = {"rtol": 2e-3, "atol": 1e-4} if cuda else {"atol": 1e-5}
+    rel = 2e-3 if cuda else 1e-5  # a step gradient's largest deviation, relative to its largest entry
 
     def batch_grad():
         return torch.autograd.grad(loss_fn(model(x), y), params)
@@ -167,7 +173,7 @@ def bench_model(name: str, model_factory, batch: int, repeats: int, device: str 
     if with_loop:
         loop = loop_grads()
         for i, n in enumerate(names):
-            assert torch.allclose(torch.stack([g[i] for g in loop]), ref[n], atol=1e-5), n
+            assert torch.allclose(torch.stack([g[i] for g in loop]), ref[n], **tol), n
     rows = []
     methods = [("batch gradient (baseline)", batch_grad), ("fedbench torch.func", func_grads)]
     for mode, label in (("hooks", "opacus hooks"), ("functorch", "opacus functorch"), ("ew", "opacus ew")):
@@ -175,7 +181,7 @@ def bench_model(name: str, model_factory, batch: int, repeats: int, device: str 
             run = opacus(mode)
             got = run()
             for i, n in enumerate(names):
-                assert torch.allclose(got[i], ref[n], atol=1e-5), (mode, n)
+                assert torch.allclose(got[i], ref[n], **tol), (mode, n)
             methods.append((f"{label} (GradSampleModule)", run))
         except Exception as exc:  # ExpandedWeights does not support every layer
             rows.append(
@@ -228,7 +234,7 @@ def bench_model(name: str, model_factory, batch: int, repeats: int, device: str 
     )
     assert old_loss == new_loss
     for n in names:  # float tolerance (noise of std sigma*C/sqrt(B) on both, from the same draws)
-        assert (new[n] - old[n]).abs().max() <= 1e-5 * old[n].abs().max(), n
+        assert (new[n] - old[n]).abs().max() <= rel * old[n].abs().max(), n
     methods += [("local step, non-private", step_plain), *steps.items()]
 
     # the same local step done with Opacus, every mode (issue 19): per-example clipping, the sum,
@@ -239,7 +245,7 @@ def bench_model(name: str, model_factory, batch: int, repeats: int, device: str 
     flat_ref = _flat_clipped_mean(ref, names, CLIP)  # from torch.func's per-example gradients
     got = flat.clipped_means(per_example_grads(model, x, y, loss_fn), CLIP)
     for n in names:
-        assert (got[n] - flat_ref[n]).abs().max() <= 1e-5 * flat_ref[n].abs().max(), ("dp-sgd", n)
+        assert (got[n] - flat_ref[n]).abs().max() <= rel * flat_ref[n].abs().max(), ("dp-sgd", n)
     methods.append(("local step, dp-sgd (flat clip), ghost", step_cdp(flat, False)))
     for mode in OPACUS_STEP_MODES:
         label = f"local step, opacus {mode}"
@@ -247,7 +253,8 @@ def bench_model(name: str, model_factory, batch: int, repeats: int, device: str 
             check_step, _ = opacus_step(model, mode, x, y, batch, sigma=0.0)
             check_step()
             for p, n in zip(check_step.params, names, strict=True):
-                assert (p.grad - flat_ref[n]).abs().max() <= 1e-4 * flat_ref[n].abs().max(), (mode, n)
+                bound = max(1e-4, rel) * flat_ref[n].abs().max()
+                assert (p.grad - flat_ref[n]).abs().max() <= bound, (mode, n)
             run, _ = opacus_step(model, mode, x, y, batch, sigma=SIGMA)
             methods.append((label, run))
         except Exception as exc:  # ExpandedWeights does not support every layer

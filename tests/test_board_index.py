@@ -46,6 +46,18 @@ def test_attack_names():
     assert attack_names([]) == "—"
 
 
-def test_adaptive_attacks_are_the_defenses_declared_ones():
-    assert {"loda-adaptive", "mixup-decode"} <= adaptive_attacks()
-    assert "dlg" not in adaptive_attacks()
+def test_adaptive_attacks_are_the_defenses_and_the_attacks_declared_ones():
+    assert {"loda-adaptive", "mixup-decode"} <= adaptive_attacks()  # Defense.adaptive_attack
+    assert {"soteria-adaptive", "pruning-adaptive", "noise-aware", "frl-adaptive"} <= adaptive_attacks()
+    assert not {"dlg", "fc-leakage", "inverting-gradients"} & adaptive_attacks()
+
+
+def test_a_board_where_no_row_beats_none_names_no_winner():
+    """The FedSGD board ties its 9 other in-budget rows with `none` (all re-identify 100 %): its rank-1 cell
+    must not name one of them as if it won."""
+    from fedbench.reporting.board_index import v2_summary
+
+    board, entries = lb.load_board(COMMITTED / "inversion-fedsgd-mnist5k-mlp")
+    assert v2_summary(board, entries) == ("reid: none 100.0%, floor 2.0%", "— (9 tie with none)")
+    board, entries = lb.load_board(COMMITTED / "malicious-server-mnist5k-fcnn")
+    assert not v2_summary(board, entries)[1].startswith("—")  # a row there beats none

@@ -239,6 +239,7 @@ def test_verify_passes_and_names_an_altered_number(tiny_board, tmp_path, monkeyp
     )
     assert res.exit_code == 0, res.output
     assert "bit-identical" in res.output and ": pass" in res.output
+    assert "[2/2] done" in res.output  # the re-runs' progress, a line per run (stderr is no terminal)
     stamp = json.loads((base / "boards" / "tiny-v2" / "board.json").read_text())["verified"]
     assert stamp["result"] == "pass" and stamp["sample"] == 2 and stamp["numbers"] > 0
     assert "leaderboard verify" in (base / "boards" / "tiny-v2" / "README.md").read_text()

@@ -13,6 +13,7 @@ from test_leaderboard_build import TINY
 from typer.testing import CliRunner
 
 from fedbench.cli import app
+from fedbench.errors import FedbenchError
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting import thumbnails as th
 from fedbench.spec.run import ComponentSpec
@@ -69,25 +70,51 @@ def test_each_victim_shows_the_attack_that_leaks_most_on_it():
     names = {id(s): (d, s.attack.name) for d, specs in runs.items() for s in specs}
     thumbs = th.worst_case(_board(), runs, lambda s: results[names[id(s)]], victims=4)
     assert np.array_equal(thumbs.truth, truth[1:])  # victims every defense's runs attack, in order
-    (none, rec, psnr, attacks), (dp, rec_dp, _, _) = thumbs.rows
+    (none, seen, rec, psnr, attacks), (dp, seen_dp, rec_dp, _, _) = thumbs.rows
     assert (none, dp) == ("none", "dp") and attacks == ("idlg", "dlg")
+    assert np.array_equal(seen, truth[1:]) and np.array_equal(seen_dp, truth[1:])
     assert np.array_equal(rec[0], close[1]) and np.array_equal(rec[1], far[2])  # idlg's, matched
     assert np.array_equal(rec_dp, far[1:])
     assert psnr[0] > 30 > psnr[1]
     one = th.worst_case(_board(), runs, lambda s: results[names[id(s)]], victims=1)
-    assert len(one.truth) == 1 and one.rows[0][3] == ("idlg",)
+    assert len(one.truth) == 1 and one.rows[0][4] == ("idlg",)
+
+
+def test_a_defense_that_attacked_other_inputs_shows_its_own():
+    """FRL reserves training data, so its runs attack other victims: its row shows its own first
+    inputs (drawn above it), the others the victims most defenses share."""
+    rng = np.random.default_rng(2)
+    truth = rng.random((3, 1, 8, 8)).astype(np.float32)
+    other = rng.random((2, 1, 8, 8)).astype(np.float32)
+    results = {"none": _result(truth, truth), "dp": _result(truth, truth[::-1]), "frl": _result(other, other)}
+    runs = {d: [_spec("dlg")] for d in results}
+    names = {id(s): d for d, specs in runs.items() for s in specs}
+    thumbs = th.worst_case(_board(), runs, lambda s: results[names[id(s)]], victims=2)
+    assert np.array_equal(thumbs.truth, truth[:2])
+    rows = {d: (seen, rec) for d, seen, rec, _, _ in thumbs.rows}
+    assert np.array_equal(rows["none"][0], truth[:2]) and np.array_equal(rows["dp"][0], truth[:2])
+    assert np.array_equal(rows["frl"][0], other) and np.array_equal(rows["frl"][1], other)
+    empty = {**results, "frl": _result(other, None)}  # no reconstruction under one defense
+    with pytest.raises(FedbenchError, match="under frl holds a scored reconstruction"):
+        th.worst_case(_board(), runs, lambda s: empty[names[id(s)]], victims=2)
 
 
 def test_thumbnails_png_is_a_small_grey_grid(tmp_path):
     rng = np.random.default_rng(1)
     truth = rng.random((4, 1, 28, 28)).astype(np.float32)
-    rows = tuple((f"defense-{k}", truth[::-1], (12.0, 13.0, None, 100.0), ("dlg",) * 4) for k in range(20))
+    rows = tuple(
+        (f"defense-{k}", truth, truth[::-1], (12.0, 13.0, None, 100.0), ("dlg",) * 4) for k in range(20)
+    )
     path = th.save_thumbnails(th.Thumbnails("b", "psnr", 0, truth, rows), tmp_path / th.THUMBNAIL_FILE)
     from PIL import Image
 
     image = Image.open(path)
     assert image.mode == "L" and path.stat().st_size <= th.MAX_BYTES
     assert image.height > 20 * image.width / 6  # a row per defense under the truth
+    own = (("frl", truth[::-1], truth, (12.0, 13.0, None, 100.0), ("dlg",) * 4),)
+    th.save_thumbnails(th.Thumbnails("b", "psnr", 0, truth, rows + own), tmp_path / "own.png")
+    taller = Image.open(tmp_path / "own.png")
+    assert taller.width == image.width and taller.height > image.height  # one more defense and its inputs
 
 
 def test_face_datasets_are_refused():

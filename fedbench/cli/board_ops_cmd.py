@@ -69,34 +69,22 @@ def _load_v2(root: Path, name: str):
 
 def _run_specs(grid, specs, ctx_args, cache_dir: Path | None):
     """Run `specs` of the board's `grid` (into `cache_dir`, or a fresh empty cache) and load their
-    results (whose sidecar keeps the grid's [grid.board], so they export as the board's entries)."""
+    results (whose sidecar keeps the grid's [grid.board], so they export as the board's entries).
+    Progress goes to stderr as `fedbench run` shows it: a bar on a terminal, a line per run in a log."""
     import dataclasses
+    from collections import Counter
 
-    from fedbench.api import execute_grid
+    from fedbench.cli.running import _run_with_progress
     from fedbench.execution.cache import RunCache
     from fedbench.execution.runner import RunContext
     from fedbench.reporting.tables import load_results
 
     data_root, threads, n_jobs = ctx_args
     grid = dataclasses.replace(grid, specs=tuple(specs))
-    stated: set[str] = set()
-
-    def on_event(event) -> None:  # each warning once, not once per run
-        for message in event.record.warnings:
-            if message not in stated:
-                stated.add(message)
-                err.print(f"warning: {message}", highlight=False)
-
     with tempfile.TemporaryDirectory(prefix="fedbench-verify-") as tmp:
         cache = RunCache(cache_dir or Path(tmp) / "cache")
-        records, path = execute_grid(
-            grid,
-            RunContext(data_root=data_root, threads=threads),
-            cache,
-            Path(tmp) / "out",
-            n_jobs=n_jobs,
-            on_event=on_event,
-        )
+        setup = RunContext(data_root=data_root, threads=threads)
+        records, path = _run_with_progress(grid, setup, cache, Path(tmp) / "out", Counter(), n_jobs=n_jobs)
         return load_results([path]), records
 
 

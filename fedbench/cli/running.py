@@ -230,7 +230,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False, command=""):
+def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False, command="", n_jobs=1):
     """Run the grid with its progress on stderr: a bar on a terminal, else plain lines (`LogLines`)."""
     from fedbench.api import execute_grid
 
@@ -245,14 +245,21 @@ def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False, comm
 
         try:
             return execute_grid(
-                grid, setup, cache, output, on_event=log_event, command=command, fail_fast=fail_fast
+                grid,
+                setup,
+                cache,
+                output,
+                n_jobs=n_jobs,
+                on_event=log_event,
+                command=command,
+                fail_fast=fail_fast,
             )
         finally:
             lines.close()
-    return _run_with_bar(grid, setup, cache, output, counts, command, fail_fast)
+    return _run_with_bar(grid, setup, cache, output, counts, command, fail_fast, n_jobs)
 
 
-def _run_with_bar(grid, setup, cache, output, counts, command, fail_fast):
+def _run_with_bar(grid, setup, cache, output, counts, command, fail_fast, n_jobs=1):
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -292,7 +299,7 @@ def _run_with_bar(grid, setup, cache, output, counts, command, fail_fast):
                     progress.console.print(f"warning: {message}", highlight=False)
 
         return execute_grid(
-            grid, setup, cache, output, on_event=on_event, command=command, fail_fast=fail_fast
+            grid, setup, cache, output, n_jobs=n_jobs, on_event=on_event, command=command, fail_fast=fail_fast
         )
 
 

@@ -190,21 +190,26 @@ def _module(name: str) -> tuple[str, frozenset[str]] | None:
     """(digest of the module's code, the fedbench modules it imports), once per process."""
     if name in _modules:
         return _modules[name]
-    path = _source_file(name)
-    info = None
-    if path is not None:
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (OSError, SyntaxError, ValueError):
-            raw = path.read_bytes() if path.is_file() else b"missing"
-            info = (hashlib.sha256(raw).hexdigest(), frozenset())
-        else:
-            imports = _imports_and_strip_docstrings(tree, name, path.name == "__init__.py")
-            deps = frozenset(m for m in imports if m.startswith("fedbench."))  # filtered by each closure
-            info = (declared_digest(name, _code_digest(tree)), deps)
+    info = _read_module(name)
+    if info is not None:
+        info = (declared_digest(name, info[0]), info[1])
     _modules[name] = info
     return info
+
+
+def _read_module(name: str) -> tuple[str, frozenset[str]] | None:
+    """(digest of the module's code as it is on disk, before any declaration; the fedbench modules it
+    imports), or None without a source file. An unparsable file digests by its bytes."""
+    path = _source_file(name)
+    if path is None:
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        raw = path.read_bytes() if path.is_file() else b"missing"
+        return hashlib.sha256(raw).hexdigest(), frozenset()
+    imports = _imports_and_strip_docstrings(tree, name, path.name == "__init__.py")
+    return _code_digest(tree), frozenset(m for m in imports if m.startswith("fedbench."))
 
 
 def declared_digest(name: str, digest: str) -> str:
@@ -215,13 +220,9 @@ def declared_digest(name: str, digest: str) -> str:
 
 def code_now(name: str) -> str | None:
     """sha256 of module `name`'s code as it is on disk, before any declaration (what a declaration is
-    keyed by); None for a module without a readable source."""
-    path = _source_file(name)
-    if path is None:
-        return None
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    _imports_and_strip_docstrings(tree, name, path.name == "__init__.py")
-    return _code_digest(tree)
+    keyed by); None for a module without a source file."""
+    info = _read_module(name)
+    return None if info is None else info[0]
 
 
 def module_closure(roots: list[str], scope: tuple[str, ...] = SCOPE) -> dict[str, str]:

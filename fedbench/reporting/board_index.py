@@ -20,11 +20,13 @@ ADAPTIVE = "adaptive"
 
 
 def adaptive_attacks() -> frozenset[str]:
-    """The attacks some defense declares as the one that breaks it (`Defense.adaptive_attack`: LODA's
-    loda-adaptive, MixUp's mixup-decode), by canonical name."""
-    from fedbench.registry import defenses
+    """The attacks that adapt to a defense, by canonical name: those a defense declares as the one that
+    breaks it (`Defense.adaptive_attack`: LODA's loda-adaptive, MixUp's mixup-decode) and those that
+    declare the defenses they adapt to (`adapts_to`: soteria-adaptive, noise-aware, ...)."""
+    from fedbench.registry import attacks
+    from fedbench.spec.applicability import adapts_to
 
-    return frozenset(a for cls in defenses.list() if (a := getattr(cls, "adaptive_attack", "")))
+    return frozenset(cls.name for cls in attacks.list() if adapts_to(cls.name))
 
 
 def attack_names(suite: Sequence[str], adaptive: Collection[str] = ()) -> str:
@@ -70,7 +72,8 @@ def baseline_gap(board: Board) -> str:
 def v2_summary(board: Board, entries: list[dict[str, Any]]) -> tuple[str, str]:
     """A v2 board's (headline, rank 1) cells: `none`'s primary rate beside the floor ('reid: none
     98.4%, floor 1.6%'; 'n/a' with a reason's first words), and the top ranked configuration, or what
-    keeps every row from being ranked."""
+    keeps every row from being ranked, or that no row beats `none` (a rank-1 cell naming one of the
+    rows tied with `none` would read as a winner)."""
     from fedbench.reporting.board_rank import rank_board
     from fedbench.reporting.board_table import FLOOR_OF
 
@@ -94,6 +97,9 @@ def v2_summary(board: Board, entries: list[dict[str, Any]]) -> tuple[str, str]:
         top = "— (primary n/a)"
     elif not ranked:
         top = "— (only none in budget)"
+    elif none is not None and none.rank is not None and ranked[0].rank >= none.rank:
+        tied = sum(r.rank == none.rank for r in ranked)
+        top = f"— ({tied} tie with none)" if tied else "— (none ranks first)"
     else:
         top = ranked[0].defense
     return head, top

@@ -303,6 +303,30 @@ class RankStability(FileModel):
     )
 
 
+SeedKey = Annotated[str, Field(pattern=r"^[0-9]+$")]  # a seed, as a JSON object's key
+
+
+class PerInputRecord(FileModel):
+    """per_input[attack][seed]: one attack's per-input values in one seed. `victims[i]` (an index, or
+    a victim batch's indices) holds `counts[i]` inputs, whose values follow in order in each list of
+    `values` (None: not scored); `runs` are the run ids they come from."""
+
+    victims: list[int | list[int]]
+    counts: list[Annotated[int, Field(ge=0)]]
+    runs: list[str]
+    values: dict[MetricName, list[float | None]]
+
+    @model_validator(mode="after")
+    def _aligned(self) -> PerInputRecord:
+        if len(self.victims) != len(self.counts):
+            raise invalid(f"{len(self.victims)} victims for {len(self.counts)} counts")
+        n = sum(self.counts)
+        for name, values in self.values.items():
+            if len(values) != n:
+                raise invalid(f"values.{name} has {len(values)} values for {n} inputs")
+        return self
+
+
 class Entry(FileModel):
     """entries/<defense>.json: one defense configuration on a board, with provenance."""
 
@@ -320,8 +344,9 @@ class Entry(FileModel):
     date: str
     rank_stability: RankStability | None = None
     # schema 3 (the v2 method, `board_inputs`): every attack's per-input and per-seed values
-    per_input: dict[str, dict[str, dict[str, Any]]] | None = None
-    per_seed: dict[str, dict[str, dict[str, Any]]] | None = None
+    per_input: dict[str, dict[SeedKey, PerInputRecord]] | None = None
+    # per_seed[attack][seed]: the run's metric values ("name:n": how many inputs a rate counts) and runs
+    per_seed: dict[str, dict[SeedKey, dict[str, float | list[str] | None]]] | None = None
     plugin: dict[str, str] | None = None  # `leaderboard add --plugin`: the file's name and source digest
 
     @model_validator(mode="after")

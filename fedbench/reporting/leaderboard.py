@@ -510,9 +510,9 @@ def board_views(board: Board, entries: list[dict[str, Any]]) -> list[dict[str, s
 
 def render_index(root: str | Path) -> str:
     """leaderboards/README.md: one short row per board (templates/index.md.j2; `board_index` says what
-    goes in a row), each board's name a reference link to its README, defined under the table."""
-    from tabulate import tabulate
-
+    goes in a row), each board's name a reference link to its README, defined under the table. The
+    cells are not padded to a common width: a row is as long as what it says (`MAX_ROW`), whatever the
+    longest cell of another board."""
     from fedbench.reporting.board_index import adaptive_attacks, attack_names, v2_summary
 
     adaptive = adaptive_attacks()
@@ -534,7 +534,8 @@ def render_index(root: str | Path) -> str:
         )
         links.append(f"[{name}]: {name}/{README_FILE}")
     headers = ["board", "v", "attack suite", "no defense: leakage", "rank 1"]
-    table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    lines = [headers, ["---"] * len(headers), *rows]
+    table = "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
     return _templates().get_template("index.md.j2").render(table=table if rows else "", links=links)
 
 

@@ -283,9 +283,12 @@ def save_reconstructions_by_defense(
 ) -> Path:
     """One block per defense: its truth over its reconstruction (PSNR under), wrapped at PER_ROW images.
 
-    When every panel shows the same ground truth (the same private batch attacked under each defense),
-    the truth is drawn once above the defenses' rows, so they compare at a glance. A panel with more
-    than `max_images` images shows its best and worst few by PSNR; its row label says so.
+    When the panels show the same ground truth (the same private batch attacked under each defense),
+    the truth is drawn once above the defenses' rows, so they compare at a glance. A defense that
+    attacked other inputs (one that reserves training data, say, shifts the clients' shards) gets its
+    own truth row, labelled "its inputs", right above its reconstructions; the common truth is the one
+    most panels share. A panel with more than `max_images` images shows its best and worst few by PSNR;
+    its row label says so (the panels are then drawn as pairs).
     """
     if not panels:
         raise FedbenchError("no reconstructions to plot; the results hold no image-attack runs")
@@ -299,20 +302,21 @@ def save_reconstructions_by_defense(
         n = min(true.shape[0], rec.shape[0])
         chosen, which = best_and_worst(list(panel.psnr[:n]) + [None] * (n - len(panel.psnr[:n])), max_images)
         prepared.append((panel, true, rec, chosen, which))
-    first = prepared[0][1]
-    shared = all(
-        not which and true.shape == first.shape and np.array_equal(true, first)
-        for _p, true, _r, _c, which in prepared
-    )
+    truths = [true for _p, true, *_x in prepared]
+    common = max(truths, key=lambda t: sum(u.shape == t.shape and np.array_equal(u, t) for u in truths))
+    same = [true.shape == common.shape and np.array_equal(true, common) for true in truths]
     rows: list[_Row | None] = []
-    if shared:  # one truth row per chunk, every defense's reconstructions under it
+    if not any(which for *_x, which in prepared) and sum(same) >= min(2, len(prepared)):
+        # one truth row per chunk, every defense's reconstructions under it
         n = max(len(chosen) for *_x, chosen, _w in prepared)
         for k, chunk in enumerate(_chunks(list(range(n)), PER_ROW)):
             if k:
                 rows.append(_GAP)
-            rows.append(_Row("truth", tuple(first[i] for i in chunk if i < len(first)), ("",) * len(chunk)))
-            for panel, _t, rec, chosen, _w in prepared:
+            rows.append(_Row("truth", tuple(common[i] for i in chunk if i < len(common)), ("",) * len(chunk)))
+            for (panel, true, rec, chosen, _w), ours in zip(prepared, same, strict=True):
                 idx = [i for i in chunk if i < len(chosen)]
+                if not ours:
+                    rows.append(_Row("its inputs", tuple(true[i] for i in idx), ("",) * len(idx)))
                 rows.append(
                     _Row(
                         panel.label,

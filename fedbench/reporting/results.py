@@ -272,8 +272,14 @@ def _check_numbers(frame, path: Path):
     import pandas as pd
 
     numeric = {*UTILITY, *COST, "epsilon", "delta", "seed", *METRICS}
+    flags = {"True": 1.0, "False": 0.0, True: 1.0, False: 0.0}  # a flag beside shares in one column
     for col in [c for c in frame.columns if c in numeric]:
-        values = pd.to_numeric(frame[col], errors="coerce")
+        # a victim batch's flag is a bool where its victims agree and their share where they differ
+        # (`scoring._joined_column`), so a CSV column of a flag mixes "True"/"False" with numbers
+        column = frame[col]
+        if not pd.api.types.is_numeric_dtype(column):  # only a text column can hold "True"/"False"
+            column = column.map(lambda v: flags.get(v, v) if isinstance(v, str | bool) else v)
+        values = pd.to_numeric(column, errors="coerce")
         bad = frame[col].notna() & values.isna()
         if bad.any():
             first = frame[col][bad].iloc[0]

@@ -5,8 +5,10 @@ The picture is a grid: the private images of a few victims on top, then one row 
 order) with, per victim, its worst-case reconstruction: the one of the board's attack suite that leaks
 most by the board's headline metric (the board's own rule: the worst case is taken per input, over
 every attack of the suite, adaptive ones included). The victims are the first inputs of one seed
-(seed 0 by default) that every defense's runs attack, in the grid's order, the same for every row, so
-the rows compare at a glance and nothing is picked by how it looks.
+(seed 0 by default) that the most defenses' runs attack, in the grid's order, the same for every row,
+so the rows compare at a glance and nothing is picked by how it looks. A defense whose runs attack
+other inputs (FRL reserves an auxiliary set of training data, which shifts the clients' shards and so
+the victims) shows its own first victims, drawn above its row.
 
 The runs are the board's own: the attack runs of its preset's grid whose run ids the entries list.
 Their outputs come through `load` (the CLI reads them from the run cache, and computes a missing one
@@ -102,13 +104,14 @@ def board_runs(
 @dataclass(frozen=True)
 class Thumbnails:
     """What the picture shows: the victims' private images, and per defense (in rank order) the
-    worst-case reconstruction of each, its PSNR, and the attack that made it."""
+    victims its runs attacked (`truth` unless the defense attacked other inputs), the worst-case
+    reconstruction of each, its PSNR, and the attack that made it."""
 
     board: str
     metric: str
     seed: int
-    truth: np.ndarray  # [N, C, H, W] in [0, 1]
-    rows: tuple[tuple[str, np.ndarray, tuple[float | None, ...], tuple[str, ...]], ...]
+    truth: np.ndarray  # [N, C, H, W] in [0, 1]: the victims most rows show
+    rows: tuple[tuple[str, np.ndarray, np.ndarray, tuple[float | None, ...], tuple[str, ...]], ...]
 
 
 def _input_key(image: np.ndarray) -> str:
@@ -125,7 +128,8 @@ def worst_case(
     seed: int = 0,
 ) -> Thumbnails:
     """Per defense (the order of `runs`), the worst-case reconstruction of the first `victims` inputs
-    every defense's runs attack. `load(spec)` returns a run's cached attack result."""
+    that the most defenses' runs attack (a defense whose runs attack other inputs shows its own first
+    ones). `load(spec)` returns a run's cached attack result."""
     from fedbench.metrics import attack_metrics
 
     if victims < 1:
@@ -163,17 +167,28 @@ def worst_case(
                 score = float(value) * head.leakage_sign
                 if key not in mine or score > mine[key][0]:
                     mine[key] = (score, rec, psnr[i], spec.attack.label)
-    shared = [k for k in order if all(k in mine for mine in best.values())][:victims]
-    if not shared:
+    if not any(best.values()):
+        raise FedbenchError(f"board {board.name}: no run of seed {seed} holds a scored reconstruction")
+    empty = [defense for defense, mine in best.items() if not mine]
+    if empty:
         raise FedbenchError(
-            f"board {board.name}: no input of seed {seed} has a reconstruction under every defense"
+            f"board {board.name}: no run of seed {seed} under {', '.join(empty)} holds a scored "
+            "reconstruction"
         )
+    reach = {k: sum(k in mine for mine in best.values()) for k in order}
+    most = max(reach.values())
+    shared = [k for k in order if reach[k] == most][:victims]
+
+    def keys(mine: dict) -> list[str]:
+        return shared if all(k in mine for k in shared) else [k for k in order if k in mine][:victims]
+
     rows = tuple(
         (
             defense,
-            np.stack([np.clip(mine[k][1], 0.0, 1.0) for k in shared]).astype(np.float32),
-            tuple(mine[k][2] for k in shared),
-            tuple(mine[k][3] for k in shared),
+            np.stack([truth[k] for k in keys(mine)]),
+            np.stack([np.clip(mine[k][1], 0.0, 1.0) for k in keys(mine)]).astype(np.float32),
+            tuple(mine[k][2] for k in keys(mine)),
+            tuple(mine[k][3] for k in keys(mine)),
         )
         for defense, mine in best.items()
     )
@@ -190,7 +205,7 @@ def save_thumbnails(thumbs: Thumbnails, path: str | Path) -> Path:
     path = Path(path)
     n = len(thumbs.truth)
     panels = [
-        ReconstructionPanel(defense, thumbs.truth, rec, tuple(psnr)) for defense, rec, psnr, _ in thumbs.rows
+        ReconstructionPanel(defense, truth, rec, tuple(psnr)) for defense, truth, rec, psnr, _ in thumbs.rows
     ]
     title = f"worst case over the suite by {thumbs.metric} · seed {thumbs.seed}"
     with tempfile.TemporaryDirectory(prefix="fedbench-thumbnails-") as tmp:
