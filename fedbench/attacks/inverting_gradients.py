@@ -15,8 +15,9 @@ x0.1 on the objective's first stall (no 2 % relative improvement in 10 iteration
 waits twice as long, and the run stops once the objective has converged (`stopped` in the row), under
 the paper's 24,000 iterations (issue 28). Whether it reaches the final PSNR of breaching's
 500-iteration run in half breaching's CPU time (issue 29's target) is measured by
-`benchmarks/bench_ig_converge.py`: not yet shown (docs/benchmarks.md). `schedule=plateau` keeps the auto schedule of before (0.1 % for
-50 iterations on digits, capped at 4,800 up to 32x32) and `schedule=milestones` the paper's.
+`benchmarks/bench_ig_converge.py`: not yet shown (docs/benchmarks.md). `schedule=plateau` keeps the
+auto schedule of before (0.1 % for 50 iterations on digits, capped at 4,800 up to 32x32) and
+`schedule=milestones` the paper's.
 `budget_scale` multiplies an adaptive schedule's cap and patience (the budget check doubles it).
 TV weight: the IG paper / RecUP default 1e-4 (LODA CIFAR-10 1e-4, 1e-3 with pruning; SVHN 1e-2;
 breaching's CIFAR config 0.2 ruins MNIST). The default `tv_weight=none` picks by domain: 0 for
