@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -108,11 +109,20 @@ def pick_device(requested: str = "auto") -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Run a command; (wall seconds, the child's peak RSS in MB, its stdout). Raises on failure.
+@dataclass(frozen=True)
+class ChildRun:
+    """A finished command: wall seconds, CPU seconds (user + system, from `os.wait4`: the child's own,
+    so time the scheduler gives other jobs on a busy machine is not in it), peak RSS (MB), stdout."""
 
-    The child is reaped with `os.wait4`, which returns that child's own resource usage.
-    """
+    wall: float
+    cpu: float
+    peak_mb: float
+    stdout: str
+
+
+def run_child_usage(args: list[str], env: dict[str, str] | None = None) -> ChildRun:
+    """Run a command; raises on failure. The child is reaped with `os.wait4`, which returns that
+    child's own resource usage."""
     import tempfile
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -126,7 +136,13 @@ def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[float
         if proc.returncode:
             raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}:\n{err.read()[-2000:]}")
         peak = usage.ru_maxrss / 2**20 if sys.platform == "darwin" else usage.ru_maxrss / 1024
-        return seconds, peak, out.read()
+        return ChildRun(seconds, usage.ru_utime + usage.ru_stime, peak, out.read())
+
+
+def run_child(args: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """Run a command; (wall seconds, the child's peak RSS in MB, its stdout). Raises on failure."""
+    run = run_child_usage(args, env)
+    return run.wall, run.peak_mb, run.stdout
 
 
 def environment(device: str, quick: bool, threads: int | None = None) -> dict[str, Any]:

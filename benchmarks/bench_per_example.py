@@ -9,9 +9,10 @@ the same weights and batch:
 - `python loop`: one backward pass per example.
 and a full local step (gradient + SGD update + the reported loss) without a defense vs with `fed-cdp`
 (per-layer clipping of every per-example gradient, noise), both ways (issue 19):
-- `fed-cdp, materialise`: the default, as the engine runs it: torch.func per-example gradients [B, ...],
-  the clipped mean, and a second (no-grad) forward for the reported loss;
-- `fed-cdp, ghost`: `fed-cdp[per_example=ghost]` (`fedbench.fl.ghost`): per-example norms from the
+- `fed-cdp, materialise`: `fed-cdp[per_example=materialise]` (the default until issue 29) as the engine
+  ran it then: torch.func per-example gradients [B, ...], the clipped mean, and a second (no-grad)
+  forward for the reported loss;
+- `fed-cdp, ghost`: the default since issue 29 (`fedbench.fl.ghost`): per-example norms from the
   layers' activations and output gradients, the clipped mean without [B, ...] buffers, and the loss of
   that pass's own forward (`PerExampleGrads.batch_loss`), so no second forward;
 - `fed-cdp, ghost + forward`: the same with the second forward kept (the engine until it reads
@@ -190,7 +191,8 @@ def bench_model(name: str, model_factory, batch: int, repeats: int, device: str 
         methods.append(("python loop", loop_grads))
 
     # one local step as the engine takes it: non-private vs Fed-CDP (sigma 6, C 4), both ways
-    materialise, ghost = create_defense("fed-cdp"), create_defense("fed-cdp", per_example="ghost")
+    materialise = create_defense("fed-cdp", per_example="materialise")
+    ghost = create_defense("fed-cdp", per_example="ghost")
 
     def ctx():
         gen = torch.Generator().manual_seed(0)

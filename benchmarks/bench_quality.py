@@ -247,7 +247,11 @@ def first_hit(trace: list[dict], level: float) -> dict | None:
 
 
 def run_baseline(
-    prob: dict, every: int, stop_psnr: float | None = None, stop_evals: int | None = None
+    prob: dict,
+    every: int,
+    stop_psnr: float | None = None,
+    stop_evals: int | None = None,
+    iterations: int = BREACHING_ITERATIONS,
 ) -> dict:
     """breaching's schedule through fedbench's optimiser loop (reconstruct_batched, adam-signed)."""
     meta = prob["meta"]
@@ -263,7 +267,7 @@ def run_baseline(
             prob["x0"].unsqueeze(0),
             labels=prob["y"],
             optimizer="adam-signed",
-            iterations=BREACHING_ITERATIONS,
+            iterations=iterations,
             lr=0.1,
             box=box,
             lr_decay=True,
@@ -275,7 +279,7 @@ def run_baseline(
         tr.seconds,
         tr.cpu_seconds,
         tr.evals,
-        spec=f"reconstruct_batched(adam-signed, iterations={BREACHING_ITERATIONS}, lr=0.1, lr_decay, boxed)",
+        spec=f"reconstruct_batched(adam-signed, iterations={iterations}, lr=0.1, lr_decay, boxed)",
         returned_psnr=final,
         stopped=tr.stopped,
     )
@@ -325,9 +329,16 @@ def run_config(label: str, spec: str, prob: dict, every: int) -> dict:
 
 
 def run_breaching(
-    prob: dict, every: int, stop_psnr: float | None, stop_evals: int | None, src: Path, python: str
+    prob: dict,
+    every: int,
+    stop_psnr: float | None,
+    stop_evals: int | None,
+    src: Path,
+    python: str,
+    iterations: int = BREACHING_ITERATIONS,
 ) -> dict | str:
-    """REAL breaching in its own interpreter; the summary dict, or why it was skipped."""
+    """REAL breaching in its own interpreter (`iterations`: its max_iterations, the milestones at 3/8,
+    5/8 and 7/8 of them); the summary dict, or why it was skipped."""
     if not (src / "breaching" / "attacks" / "__init__.py").exists():
         return f"no breaching checkout at {src} (--breaching-src)"
     if not Path(python).exists():
@@ -345,7 +356,7 @@ def run_breaching(
         "mean": list(prob["meta"].mean),
         "std": list(prob["meta"].std),
         "x0": prob["x0"],
-        "max_iterations": BREACHING_ITERATIONS,
+        "max_iterations": iterations,
         "tv_weight": 0.0,
         "trace_every": every,
         "stop_psnr": stop_psnr,
@@ -372,7 +383,7 @@ def run_breaching(
         res.pop("seconds"),
         res.pop("cpu_seconds"),
         res.pop("evaluations"),
-        spec=f"breaching invertinggradients (max_iterations={BREACHING_ITERATIONS}, TV 0)",
+        spec=f"breaching invertinggradients (max_iterations={iterations}, TV 0)",
         returned_psnr=res.pop("final_psnr"),
         stopped=res.get("stopped_at") is not None,
         breaching=res,

@@ -454,6 +454,19 @@ class Attack(Plugin):
         """A reason to skip this attack on `model` (e.g. its first layer is not fully connected), or None."""
         return None
 
+    @classmethod
+    def scaled_budget(
+        cls, params: dict[str, Any], given: dict[str, Any], factor: int
+    ) -> dict[str, Any] | None:
+        """The parameters to give for `factor` times this attack's optimisation budget (the budget check
+        of a board, issue 28), from its resolved `params` and the ones the grid `given`; None when it
+        has no budget to scale. By default an integer `iterations` is multiplied; an attack whose
+        budget is a schedule (a cap and a patience) overrides this."""
+        value = params.get("iterations")
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        return {**given, "iterations": value * factor}
+
     def bind_data(self, data: RunData) -> None:
         """Called by the runner before `run` with the run's data and split (attribute and membership
         inference read their own pool or non-members from it). Default: nothing."""

@@ -44,6 +44,12 @@ def test_a_changed_accountant_reaches_a_cached_run(tmp_path, monkeypatch):
         return type(acc)(**{**acc.__dict__, "epsilon": 2 * acc.epsilon})
 
     monkeypatch.setattr(defense_cls, "accounting", doubled)
+    # epsilon is stored under the digest of the code computing it (issue 29): editing the defense's
+    # file changes that digest; this in-memory patch does not, so the digest is changed as an edit would
+    from fedbench.execution import sources
+
+    digest = sources.derived_digest
+    monkeypatch.setattr(sources, "derived_digest", lambda spec, attack: "edited " + digest(spec, attack))
     again = execute(_spec(), cache, RunContext())
     assert again["status"] == "ok", again["reason"]
     assert again["from_cache"], "the training must come from the cache"

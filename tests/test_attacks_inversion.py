@@ -422,31 +422,108 @@ def test_plateau_schedule_sees_a_plateau_below_zero():
     assert [len(d) for d in res.lr_decays] == [3, 3]
 
 
-def test_ig_default_is_the_auto_schedule_and_a_number_keeps_the_papers(digits):
+def test_ig_default_is_the_stall_schedule_and_a_number_keeps_the_papers(digits):
     obs = observe(digits, [4])
     auto = run(InvertingGradients({}), obs)
-    assert auto.extra["schedule"] == "plateau" and auto.extra["stopped"] == "converged"
-    assert auto.extra["iterations"] < 4800 and len(auto.extra["lr_decays"]) == 3
+    assert auto.extra["schedule"] == "stall" and auto.extra["stopped"] == "converged"
+    assert auto.extra["iterations"] < 24000 and len(auto.extra["lr_decays"]) == 3
     assert psnr(auto.images, digits[0][[4]].numpy()) > 25
+    # issue 29: converges sooner than the plateau schedule (the default before), which stays by name
+    old = run(InvertingGradients({"schedule": "plateau"}), obs)
+    assert old.extra["schedule"] == "plateau" and old.extra["stopped"] == "converged"
+    assert auto.extra["iterations"] < 0.9 * old.extra["iterations"], (auto.extra, old.extra)
+    assert auto.extra["lr_decays"][0] < old.extra["lr_decays"][0]
     fixed = run(InvertingGradients({"iterations": 10}), obs)
     assert fixed.extra["iterations"] == 10 and "schedule" not in fixed.extra
     forced = run(InvertingGradients({"iterations": 60, "schedule": "plateau"}), obs)
     assert forced.extra["schedule"] == "plateau" and forced.extra["iterations"] <= 60
 
 
-def test_auto_schedule_by_image_size_and_unchanged_run_ids():
-    from fedbench.attacks._schedules import auto_schedule
-    from fedbench.spec.run import ComponentSpec
+def test_explicit_budgets_run_the_papers_milestones_untouched_by_the_stall_schedule(digits, monkeypatch):
+    """A preset's `iterations=N` (every committed board) must give the results of before: no plateau
+    object reaches the optimiser, and the milestone loop is the one it always was (its output equals
+    a direct `_adam_signed` call, whatever the stall constants are)."""
+    from fedbench.attacks import _schedules
 
+    obs = observe(digits, [4])
+    attack = InvertingGradients({"iterations": 40})
+    cfg = attack.settings(META)
+    assert cfg["plateau"] is None and cfg["schedule"] == "milestones" and cfg["iterations"] == 40
+    before = run(attack, obs)
+    monkeypatch.setattr(_schedules, "STALL", _schedules.Plateau(patience=1, rtol=0.5, check_every=1))
+    after = run(InvertingGradients({"iterations": 40}), obs)
+    assert np.array_equal(before.images, after.images)
+    # the paper's schedule by name, without a number: its 24,000 iterations
+    assert InvertingGradients({"schedule": "milestones"}).settings(META)["iterations"] == 24000
+    # budget_scale does not reach a fixed-budget milestone run
+    assert InvertingGradients({"iterations": 40, "budget_scale": 2}).settings(META)["plateau"] is None
+
+
+def test_stall_schedule_constants_cap_and_growth():
+    from fedbench.attacks._schedules import STALL, Plateau, auto_schedule, stall_schedule
+
+    cap, sched = stall_schedule((1, 28, 28))
+    assert cap == 24000 and sched == STALL
+    assert [sched.patience_after(k) for k in range(4)] == [10, 20, 40, 80]
+    assert Plateau(patience=50).patience_after(3) == 50  # growth 1: the plateau schedule of before
+    assert stall_schedule((3, 32, 32))[1].patience == 20 and stall_schedule((3, 64, 64))[1].patience == 40
+    cap2, sched2 = stall_schedule((1, 28, 28), 2.0)
+    assert cap2 == 48000 and sched2.patience == 20 and sched2.rtol == STALL.rtol
+    # the plateau schedule's table is unchanged (schedule=plateau reproduces the old default)
     assert auto_schedule((1, 28, 28)) == (4800, 50) and auto_schedule((1, 32, 32)) == (4800, 50)
     assert auto_schedule((3, 32, 32)) == (4800, 100) and auto_schedule((3, 64, 64)) == (24000, 200)
-    # a preset's explicit budget keeps its run id: `schedule` at its default stays out of the key
+
+
+def test_stall_patience_grows_after_each_decay():
+    """A flat objective decays at the base patience, then waits `growth` times longer per phase."""
+    from fedbench.attacks._schedules import Plateau
+
+    class Flat:
+        def objective(self, x, y):
+            return (x * 0).flatten(1).sum(1) + 1.0
+
+    res = inv.reconstruct_batched(
+        Flat(), torch.zeros((1, 1, 1, 4, 4)), labels=torch.zeros(1, dtype=torch.long),
+        optimizer="adam-signed", iterations=5000, lr=0.1, box=None,
+        plateau=Plateau(patience=10, rtol=2e-2, check_every=5, growth=2.0),
+    )  # fmt: skip
+    assert res.stopped == "converged" and res.lr_decays == [[10, 30, 70]] and res.iterations == 150
+
+
+def test_budget_scale_keys_and_scaled_budgets():
+    from fedbench.reporting.budget_check import doubled_attack
+    from fedbench.spec.run import ComponentSpec
+
+    # a preset's explicit budget keeps its run id: `schedule` and `budget_scale` at their defaults stay
+    # out of the key
     key = ComponentSpec.resolve("attack", "ig", {"iterations": 200}).key()
-    assert "schedule" not in key["params"] and key["params"]["iterations"] == 200
+    assert "schedule" not in key["params"] and "budget_scale" not in key["params"]
+    assert key["params"]["iterations"] == 200 and key["version"] == "2"
+    default = ComponentSpec.resolve("attack", "ig", {})
+    assert "budget_scale" not in default.key()["params"]
     assert (
         ComponentSpec.resolve("attack", "ig", {"schedule": "plateau"}).key()["params"]["schedule"]
         == "plateau"
     )
+    # the budget check: an explicit budget doubles its iterations; the stall schedule its cap and
+    # patience; an explicit adaptive schedule both
+    assert doubled_attack(ComponentSpec.resolve("attack", "ig", {"iterations": 200}), 2).label == (
+        "inverting-gradients[iterations=400]"
+    )
+    auto = doubled_attack(default, 2)
+    assert auto.label == "inverting-gradients[budget_scale=2]"
+    cfg = auto.instantiate().settings(META)
+    assert cfg["iterations"] == 48000 and cfg["plateau"].patience == 20
+    both = doubled_attack(ComponentSpec.resolve("attack", "ig", {"iterations": 60, "schedule": "plateau"}), 3)
+    assert both.params_dict["iterations"] == 180 and both.params_dict["budget_scale"] == 3
+    assert both.instantiate().settings(META)["plateau"].patience == 150
+    paper = doubled_attack(ComponentSpec.resolve("attack", "ig", {"schedule": "milestones"}), 2)
+    assert paper.params_dict["iterations"] == 48000
+    assert doubled_attack(ComponentSpec.resolve("attack", "dlg", {}), 2).params_dict["iterations"] == 100
+    # an auto schedule that declares no budget to scale is not doubled
+    assert doubled_attack(ComponentSpec.resolve("attack", "noise-aware", {}), 2) is None
+    with pytest.raises(Exception, match="budget_scale"):
+        ComponentSpec.resolve("attack", "ig", {"budget_scale": 0})
 
 
 def test_restarts_are_batched_only_where_it_pays(digits, monkeypatch):

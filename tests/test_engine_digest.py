@@ -128,7 +128,9 @@ def test_entries_from_before_the_engine_digest_are_served(tmp_path, monkeypatch)
 
 def test_metrics_and_epsilon_of_a_cached_run_come_from_the_code_loaded_now(tmp_path, monkeypatch):
     """Design §2: metrics and epsilon are computed outside the cache, from the cached result: a run
-    served from the cache shows what the metric and accounting code loaded now give."""
+    served from the cache shows what the metric and accounting code loaded now give. They are stored
+    under the digest of that code (issue 29, `fedbench.execution.derived`): an edit of the files changes
+    it; an in-memory patch, as here, does not, so the test changes the digest as the edit would."""
     from fedbench.defenses.dp import DPGaussian
     from fedbench.metrics import reconstruction
 
@@ -145,6 +147,10 @@ def test_metrics_and_epsilon_of_a_cached_run_come_from_the_code_loaded_now(tmp_p
         lambda self, sc, n: dataclasses.replace(accounting(self, sc, n), epsilon=123.0),
     )
     monkeypatch.setattr(reconstruction, "psnr", lambda true, rec, *a, **k: np.full(len(true), 7.0))
+    unchanged = execute(spec, cache, ctx)  # the same code digest: the stored derived columns
+    assert unchanged["epsilon"] == first["epsilon"] and unchanged["psnr"] == first["psnr"]
+    edited = sources.derived_digest
+    monkeypatch.setattr(sources, "derived_digest", lambda s, attack: "edited " + edited(s, attack))
     again = execute(spec, cache, ctx)
     assert again["from_cache"] is True and not any("cache entry" in w for w in again.warnings)
     assert again["epsilon"] == 123.0 and again["psnr"] == 7.0

@@ -320,12 +320,42 @@ class _Poison(Defense):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_update_fails_the_run_and_says_where(digits, value):
+    """A streamed round tests its weighted mean once (issue 29): the run fails in the round of the
+    non-finite update, naming the tensor and the round."""
     sc = Scenario.from_dict(
         dict(clients=3, rounds=2, local_steps=1, batch_size=4, train_size=60, test_size=30)
     )
     sim = Simulation(sc, digits, _factory(digits), _Poison("fc2.bias", 1, 1, value), 0)
+    assert sim._streaming and not sim._check_each
+    where = "non-finite values in fc2.bias of the weighted mean of the 3 client updates in round 1$"
+    with pytest.raises(RunFailure, match=where):
+        sim.run()
+
+
+class _PoisonReceived(_Poison):
+    """Also has a server-side `receive` hook (identity), which could change an update after it left."""
+
+    name = "poison-received"
+
+    def receive(self, update, ctx):
+        return update
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_with_a_receive_hook_each_update_is_tested_and_its_client_named(digits, value):
+    sc = Scenario.from_dict(
+        dict(clients=3, rounds=2, local_steps=1, batch_size=4, train_size=60, test_size=30)
+    )
+    sim = Simulation(sc, digits, _factory(digits), _PoisonReceived("fc2.bias", 1, 1, value), 0)
+    assert sim._check_each
     with pytest.raises(RunFailure, match="non-finite values in fc2.bias of client 1's update in round 1"):
         sim.run()
+
+
+def test_a_finite_run_is_not_failed_by_the_round_test(digits):
+    """The round's test passes every finite round: a whole run of sampled, unequal clients."""
+    cfg = dict(clients=10, participation=0.5, partition="dirichlet", alpha=0.3, rounds=3)
+    assert _sim(digits, **cfg).run().rounds_run == 3
 
 
 class _Drawer(Defense):
@@ -486,9 +516,96 @@ def test_fast_load_checks_each_new_state_once(digits):
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(3)
+    params.modified()  # what the engine says after an in-place step
     params.load(state)  # the fast copy: the same values again
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    params.load(state)  # unmodified since: nothing to copy, the values stay
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     bad = dict(state)
     bad.pop(next(iter(bad)))
     with pytest.raises(RuntimeError, match="Missing key"):
         params.load(bad)
+
+
+# ---------------------------------------------------------------- issue 29: the per-client fast path, part 2
+
+
+def _states_equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def _straightforward(sim):
+    """`sim` set to the loop before issue 29: every stream seeded on its own (numpy_rng), each update
+    tested, fresh deltas, every step in place and every client loaded."""
+    import fedbench.fl.seeding as seeding
+
+    for streams in (sim._orders, sim._draws):
+        streams.expect = lambda coords: None  # nothing announced: each generator from numpy_rng
+        assert streams.rng.__func__ is seeding.SeededStreams.rng
+    sim._plain_delta = False
+    sim._engine_only = False
+    sim._receives = True  # `_check_each`: every update tested (an identity `receive` changes nothing)
+    return sim
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(clients=100, participation=0.1, rounds=4, batch_size=2),  # one step per client
+        dict(clients=10, participation=0.3, partition="dirichlet", alpha=0.3, local_epochs=2, rounds=3),
+        dict(clients=5, rounds=3, batch_size=16, local_steps=7),  # steps across epochs
+        dict(protocol="fedsgd", clients=20, participation=0.2, rounds=4),
+    ],
+)
+def test_the_fast_loop_equals_the_straightforward_loop_bit_for_bit(digits, cfg):
+    """Announced streams (batch orders and participants seeded together), the round's finiteness test,
+    deltas in scratch tensors, FedAvg's last step out of place and skipped loads give the same model
+    and history as the loop without them, to the last bit."""
+    fast, slow = _sim(digits, **cfg), _straightforward(_sim(digits, **cfg))
+    assert fast._engine_only and not fast._check_each
+    r1, r2 = fast.run(), slow.run()
+    assert r1.history == r2.history
+    _states_equal(fast.global_state, slow.global_state)
+
+
+@pytest.mark.parametrize("point", ["update", "server", "step"])
+def test_observations_of_the_fast_loop_equal_the_straightforward_ones(digits, point):
+    """An observation copies the delta before the weighted sum scales the scratch tensors in place."""
+    cfg = dict(clients=6, participation=0.5, rounds=3, batch_size=8, local_steps=2)
+    obs = ObservationRequest(point, 1, 2)
+    fast = _sim(digits, observe=obs, **cfg)
+    slow = _straightforward(_sim(digits, observe=obs, **cfg))
+    a, b = fast.run().observation, slow.run().observation
+    _states_equal(a.shared, b.shared)
+    _states_equal(a.global_state, b.global_state)
+    assert torch.equal(a.x_true, b.x_true) and torch.equal(a.y_true, b.y_true)
+    _states_equal(fast.global_state, slow.global_state)
+
+
+def test_batch_norm_models_load_every_client(digits):
+    """A model with buffers (BatchNorm: a forward in train mode updates them) is never trusted to
+    still hold the received state: each client reloads it, and the result equals the plain loop's."""
+    cfg = dict(clients=4, rounds=2, batch_size=8, train_size=80, test_size=40)
+
+    def sim():
+        factory = _factory(digits, "convnet", {"width": 4})
+        return Simulation(Scenario.from_dict(cfg), digits, factory, create_defense("none"), seed=3)
+
+    fast, slow = sim(), _straightforward(sim())
+    assert not fast._engine_only
+    fast.run(), slow.run()
+    _states_equal(fast.global_state, slow.global_state)
+
+
+def test_the_mode_is_set_only_when_a_module_is_in_the_other_one(digits, monkeypatch):
+    sim = _sim(digits, model_mode="train")
+    calls = []
+    real = type(sim.model).train
+    monkeypatch.setattr(type(sim.model), "train", lambda m, mode=True: calls.append(mode) or real(m, mode))
+    sim._set_mode()
+    assert calls == []  # every module already trains
+    next(iter(sim.model.children())).eval()  # e.g. a hook that left one layer in eval mode
+    sim._set_mode()
+    assert calls == [True] and all(m.training for m in sim.model.modules())

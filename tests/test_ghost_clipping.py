@@ -1,8 +1,9 @@
 """Issue 19: Fed-CDP's clipped mean from ghost norms equals the torch.func path to float tolerance.
 
-The ghost path (`fed-cdp[per_example=ghost]`, `fedbench.fl.ghost`) computes per-layer per-example norms
-from activations and output gradients and the clipped mean without [B, ...] buffers; `materialise`
-(the default) keeps the torch.func per-example gradients and its results bit for bit.
+The ghost path (`fed-cdp[per_example=ghost]`, the default since issue 29, `fedbench.fl.ghost`) computes
+per-layer per-example norms from activations and output gradients and the clipped mean without [B, ...]
+buffers; `materialise` keeps the torch.func per-example gradients and the results of the runs before
+(issue 29's own tests: `tests/test_cdp_default.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from fedbench.fl.per_example import PerExampleGrads, per_example_grads, vmap_per
 from fedbench.fl.simulation import Simulation
 from fedbench.models import build_model
 from fedbench.plugin import HookContext, Scenario
-from fedbench.spec.run import ComponentSpec
 
 # every model Fed-CDP is run with, at the paper's input shape
 MODELS = [
@@ -79,9 +79,10 @@ def test_fed_cdp_ghost_equals_materialise(name, params, noise):
     loss_fn = loss_function("ce")
     for clip in (0.05, 4.0):
         kw = {"sigma": 1e-3, "clip": clip, "noise": noise}
-        old = create_defense("fed-cdp", **kw).per_example(per_example_grads(model, x, y, loss_fn), _ctx())
+        old = create_defense("fed-cdp", per_example="materialise", **kw)
+        old = old.per_example(per_example_grads(model, x, y, loss_fn), _ctx())
         grads = per_example_grads(model, x, y, loss_fn)
-        new = create_defense("fed-cdp", per_example="ghost", **kw).per_example(grads, _ctx())
+        new = create_defense("fed-cdp", **kw).per_example(grads, _ctx())  # the default: ghost
         assert not grads.materialised
         for k in old:
             assert _close(new[k], old[k]), (clip, k)
@@ -94,8 +95,8 @@ def test_fed_cdp_decay_ghost_uses_the_round_bound():
     x, y = _batch(8)
     loss_fn = loss_function("ce")
     for rnd in (0, 9):
-        a = create_defense("fed-cdp-decay", sigma=1e-4)
-        b = create_defense("fed-cdp-decay", sigma=1e-4, per_example="ghost")
+        a = create_defense("fed-cdp-decay", sigma=1e-4, per_example="materialise")
+        b = create_defense("fed-cdp-decay", sigma=1e-4)  # the default: ghost
         old = a.per_example(per_example_grads(model, x, y, loss_fn), _ctx(rnd=rnd, rounds=10))
         new = b.per_example(per_example_grads(model, x, y, loss_fn), _ctx(rnd=rnd, rounds=10))
         for k in old:
@@ -185,7 +186,8 @@ def test_uncovered_models_fall_back_to_torch_func_bit_for_bit(factory, problem):
     kw = {"sigma": 0.5, "clip": 0.1}
     with pytest.warns(UserWarning, match=f"uses torch.func per-example gradients here: .*{problem}"):
         new = create_defense("fed-cdp", per_example="ghost", **kw).per_example(grads, _ctx())
-    old = create_defense("fed-cdp", **kw).per_example(per_example_grads(model, x, y, loss_fn), _ctx())
+    old = create_defense("fed-cdp", per_example="materialise", **kw)
+    old = old.per_example(per_example_grads(model, x, y, loss_fn), _ctx())
     for k in old:
         assert torch.equal(new[k], old[k]), k
 
@@ -205,15 +207,15 @@ def test_layers_that_mix_or_draw_per_batch_are_not_covered_in_train_mode():
 def test_dp_sgd_flat_clipping_from_ghost_norms_equals_materialise():
     """dp-sgd clips each whole per-example gradient: its flat factor comes from the per-layer ghost
     norms (||g_i||^2 = sum of the layers' squares), so `per_example=ghost` needs no per-example
-    gradients and agrees with the default to float tolerance, clipping active or not."""
+    gradients and agrees with `materialise` to float tolerance, clipping active or not."""
     torch.manual_seed(0)
     model = build_model("mlp", {"hidden": [16]}, (20,), 10)
     x, y = _batch(6, (20,))
     loss_fn = loss_function("ce")
     sc = Scenario(rounds=2, clients=2)
     for clip in (0.05, 100.0):
-        a = create_defense("dp-sgd", clip=clip)
-        b = create_defense("dp-sgd", clip=clip, per_example="ghost")
+        a = create_defense("dp-sgd", clip=clip, per_example="materialise")
+        b = create_defense("dp-sgd", clip=clip)  # the default: ghost
         a._train_size = b._train_size = 100
         old = a.per_example(
             per_example_grads(model, x, y, loss_fn),
@@ -232,7 +234,7 @@ def test_plain_dicts_use_the_per_example_path():
     """A hook given a plain dict (the attacks' replay, the `example` observation) has nothing to take
     ghost norms from: both settings give the same result."""
     g = {"w": torch.randn(4, 3, 2), "b": torch.randn(4, 3)}
-    a = create_defense("fed-cdp", clip=0.5).per_example(g, _ctx())
+    a = create_defense("fed-cdp", clip=0.5, per_example="materialise").per_example(g, _ctx())
     b = create_defense("fed-cdp", clip=0.5, per_example="ghost").per_example(g, _ctx())
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -267,15 +269,6 @@ def test_reading_after_the_weights_changed_raises():
         grads["fc1.weight"]
     with pytest.raises(RuntimeError, match="weights changed"):
         grads.ghost()
-
-
-def test_per_example_option_keeps_run_ids_at_its_default():
-    default = ComponentSpec.resolve("defense", "fed-cdp", {}).key()
-    assert "per_example" not in default["params"]
-    assert ComponentSpec.resolve("defense", "fed-cdp", {"per_example": "materialise"}).key() == default
-    ghost = ComponentSpec.resolve("defense", "fed-cdp", {"per_example": "ghost"}).key()
-    assert ghost["params"]["per_example"] == "ghost"
-    assert create_defense("fed-cdp").params.per_example == "materialise"
 
 
 @pytest.mark.numeric

@@ -119,7 +119,8 @@ def _stable(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _entries(cache: Path) -> list[Path]:
-    return sorted(cache.rglob("output.pkl"))
+    """The run entries (not the derived columns stored beside them, `fedbench.execution.derived`)."""
+    return sorted(p for p in cache.rglob("output.pkl") if "_derived_entry" not in p.parts)
 
 
 def _fedbench(*args: str) -> list[str]:
@@ -246,11 +247,11 @@ def test_keyboard_interrupt_in_process_keeps_finished_rows(tmp_path, faults, mon
     calls = []
     real = runner_mod.execute
 
-    def interrupt_third(spec, cache, ctx):
+    def interrupt_third(spec, cache, ctx, *rest):
         calls.append(spec.run_id)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(spec, cache, ctx)
+        return real(spec, cache, ctx, *rest)
 
     monkeypatch.setattr(runner_mod, "execute", interrupt_third)
     with pytest.raises(GridInterrupted) as info:

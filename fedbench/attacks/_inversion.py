@@ -525,9 +525,9 @@ def _adam_signed_plateau(
         if it % plateau.check_every == 0 and it:
             if int(bad_at) >= 0:
                 raise _fail(name, int(bad_at))
-            stalled = ((it - improved_at) >= plateau.patience).tolist()
+            since = (it - improved_at).tolist()
             for r in range(R):
-                if not (running[r] and stalled[r]):
+                if not (running[r] and since[r] >= plateau.patience_after(len(decayed_at[r]))):
                     continue
                 if decays_left[r]:
                     decays_left[r] -= 1
@@ -872,8 +872,8 @@ def run_inversion(
         "matched_tensors": len(matcher.names),
     }
     if cfg.get("plateau") is not None:  # the schedule decided the budget: say where it decayed and stopped
-        extra["schedule"] = "plateau"
-        extra["stopped"] = rec.stopped  # 'converged' or 'budget' (the cap by image size)
+        extra["schedule"] = cfg.get("schedule", "plateau")
+        extra["stopped"] = rec.stopped  # 'converged' or 'budget' (the schedule's cap)
         extra["lr_decays"] = rec.lr_decays[best]
     as_gradient = update_as_gradient(observation.kind, observation.local_steps)
     if as_gradient is not None:

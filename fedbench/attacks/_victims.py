@@ -403,7 +403,7 @@ def run_inversion_victims(
             "matched_tensors": len(matcher.names),
         }
         if cfg.get("plateau") is not None:
-            extra["schedule"] = "plateau"
+            extra["schedule"] = cfg.get("schedule", "plateau")
             extra["stopped"] = rec.stopped
             extra["lr_decays"] = rec.lr_decays[c]
         as_gradient = update_as_gradient(obs.kind, obs.local_steps)

@@ -55,7 +55,9 @@ def budget_check_cmd(
 
     A row passes when its rate moves by less than half its published 95 % interval. The result goes
     into board.json and the board's README; exit 1 when a row moved more (raise the board's budgets).
-    Attacks on their auto schedule (iterations = none) are listed, not doubled.
+    An attack on its stall or plateau schedule (iterations = none) gets both the schedule's cap and its
+    patience multiplied (`budget_scale`); one on an auto schedule that declares no budget is listed,
+    not doubled.
 
     Examples:
 
@@ -84,11 +86,13 @@ def budget_check_cmd(
     board_seeds = sorted({s.seed for s in grid.specs})[: seeds or None]
     specs = [s for s in grid.specs if s.seed in board_seeds]
     doubled, labels = bc.doubled_specs(specs, set(chosen), factor)
-    auto = sorted(
+    auto = sorted(  # on an auto schedule that declares no budget to scale: listed, not doubled
         {
             s.attack.label
             for s in specs
-            if s.attack is not None and s.attack.params_dict.get("iterations", 0) is None
+            if s.attack is not None
+            and s.attack.params_dict.get("iterations", 0) is None
+            and bc.doubled_attack(s.attack, factor) is None
         }
     )
     if not doubled:

@@ -12,10 +12,16 @@
   paper; the batch mean then carries noise of std sigma*C/sqrt(B)) or once per batch
   (`noise=batch`, Abadi DP-SGD, std sigma*C/B). Per-example gradients come from `torch.func`
   (the engine's `per_example` hook), so a type-2 reader of a per-example gradient sees it sanitised.
-  With `per_example=ghost` the clipped mean is computed without them (`fedbench.fl.ghost`: per-layer
-  per-example norms from activations and output gradients, Goodfellow 2015 / Li et al. 2022 / Bu
-  et al. 2023), equal to the default `materialise` to float tolerance, not bit for bit; models with
-  a trainable layer other than nn.Linear / nn.Conv2d fall back to the per-example gradients.
+  By default (`per_example=ghost`, issue 29) the clipped mean is computed without them
+  (`fedbench.fl.ghost`: per-layer per-example norms from activations and output gradients,
+  Goodfellow 2015 / Li et al. 2022 / Bu et al. 2023), equal to `per_example=materialise` (the
+  [B, ...] per-example gradients, what every run before issue 29 computed) to float tolerance, not
+  bit for bit; models with a trainable layer other than nn.Linear / nn.Conv2d fall back to the
+  per-example gradients. The step an `example` observer reads still materialises them (the engine
+  reads the observed example's gradient from them), the batch mean of that step staying the ghost
+  one, so training does not depend on whether it is watched. `materialise` is keyless
+  (`fedbench.spec.params.param`): its runs keep the run ids they had, and the ghost default has
+  its own (those of the `per_example=ghost` runs before it), so neither is served the other's results.
 - `fed-cdp-decay` (§3.4): Fed-CDP with a per-round clipping bound C_t: linear from `clip_start`
   to `clip_end` over the T rounds (the paper: 6 -> 2), or the optional exponential / staircase
   schedules; sigma is fixed, so epsilon equals Fed-CDP's.
@@ -379,8 +385,8 @@ class _PerExampleDP(Defense):
     paper = PAPER
     # Epsilon is computed per row outside the cache (runner._accounting), so the accounting options
     # change no cached result: `sampling` at its default keeps the run_ids of the runs before it.
-    # `per_example` (added later) at its default keeps the run_ids of the runs before it too.
-    key_optional = ("sampling", "per_example")
+    # `per_example` is keyless at `materialise` (its param), not at its default: see the module doc.
+    key_optional = ("sampling",)
     per_layer = True  # each parameter tensor of each example clipped to C (the paper); dp-sgd clips flat
 
     def clip_at(self, ctx: HookContext) -> float:
@@ -407,9 +413,10 @@ class _PerExampleDP(Defense):
     def clipped_means(self, grads: Any, bound: float) -> dict[str, Any]:
         """{name: (1/B) sum_i c_i g_i}: the mean of the clipped per-example gradients.
 
-        `per_example=ghost` computes it from per-example norms and activations (`fedbench.fl.ghost`)
-        where the model and the clipping rule allow, without the [B, ...] gradients; otherwise (and
-        with `per_example=materialise`, the default) from the per-example gradients, as before.
+        `per_example=ghost` (the default) computes it from per-example norms and activations
+        (`fedbench.fl.ghost`) where the model and the clipping rule allow, without the [B, ...]
+        gradients; otherwise (and with `per_example=materialise`, and for a plain dict such as the
+        `example` observation's one gradient) from the per-example gradients.
         """
         import torch
 
@@ -479,10 +486,10 @@ _Q_HELP = (
     "the paper sets 0.01)"
 )
 _PER_EXAMPLE_HELP = (
-    "how the clipped mean is computed: materialise (the [B, ...] per-example gradients, torch.func) "
-    "or ghost (per-example norms from activations and output gradients, no per-example buffers; "
-    "equal to float tolerance; falls back to materialise for layers other than Linear/Conv2d and "
-    "for clipping rules without a rule from norms, `norm_factors`)"
+    "how the clipped mean is computed: ghost (per-example norms from activations and output gradients, "
+    "no per-example buffers; falls back to materialise for layers other than Linear/Conv2d and for "
+    "clipping rules without a rule from norms, `norm_factors`) or materialise (the [B, ...] per-example "
+    "gradients, torch.func: every run before issue 29, and the committed boards); equal to float tolerance"
 )
 
 
@@ -495,7 +502,8 @@ class _PerExampleDPParams:
     sample_rate: float = param(0.0, _Q_HELP, min=0, max=1)
     accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
     sampling: Literal["participation", "poisson"] = param("participation", _SAMPLING_HELP)
-    per_example: Literal["materialise", "ghost"] = param("materialise", _PER_EXAMPLE_HELP)
+    # keyless at `materialise`: the runs before the ghost default keep their run ids (see the module doc)
+    per_example: Literal["ghost", "materialise"] = param("ghost", _PER_EXAMPLE_HELP, keyless="materialise")
 
     def validate(self) -> str | None:
         return _poisson_only(self, ("accountant", "sample_rate"))

@@ -7,7 +7,9 @@ run context: device, data root, and the run's plugin instances) and the `compute
 work (`fedbench.execution.runner.compute_utility` / `compute_attack`, handed in by the runner: this module
 never imports it) are ignored by joblib, so device and paths never enter a key. Failed runs raise, and
 joblib does not store exceptions, so failures are never cached. Values are plain dicts of numbers and
-numpy arrays, never torch objects.
+numpy arrays, never torch objects. A third trampoline stores a run's derived columns (epsilon and the
+privacy metrics computed from the cached run: `fedbench.execution.derived`, whose key names the code
+and the inputs they come from), so a fully cached re-run does not compute them again.
 
 Artifacts: each RunCache owns an `ArtifactStore` for values plugins derive once for many runs (SDAN
 layers, a LODA extractor, RecUP-FL's zoo), stored beside the runs and cleared with them. The runner makes
@@ -77,6 +79,10 @@ def _attack_entry(key: str, job: Any, compute: Compute) -> dict:
 
 
 def _artifact_entry(kind: str, key: str, compute: Callable[[], Any]) -> Any:
+    return compute()
+
+
+def _derived_entry(key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
@@ -198,6 +204,11 @@ def _load_or_compute(
         return func.call(*args)[0], False
 
 
+def _check_derived(value: Any) -> None:
+    if not isinstance(value, dict) or "scores" not in value:
+        raise ValueError(f"holds a {type(value).__name__}, not derived columns")
+
+
 def _check_run_result(value: Any) -> None:
     if not isinstance(value, dict) or "seconds" not in value:
         raise ValueError(f"holds a {type(value).__name__}, not a run result")
@@ -279,6 +290,7 @@ class RunCache:
                 "utility": self._memory.cache(_utility_entry, ignore=["job", "compute"]),
                 "attack": self._memory.cache(_attack_entry, ignore=["job", "compute"]),
             }
+            self._derived = self._memory.cache(_derived_entry, ignore=["compute"])
             self.artifacts = ArtifactStore(self._memory, self._warnings, self._locked)
 
     @property
@@ -305,11 +317,15 @@ class RunCache:
         return exclusive(lock_path(self.location, what, _run_id(key)))
 
     def _has(self, what: str, key: str) -> bool:
-        return (
-            self._memory is not None
-            and not self.force
-            and self._funcs[what].check_call_in_cache(key, None, None)
-        )
+        """Whether the entry is cached. Asked twice when the first answer is no: joblib writes a cache
+        folder's record of the function's code (`func_code.py`) only when this process has not yet
+        checked that function in any folder, so a folder filled by a process that used another one
+        first lacks it, and the next process's first check there answers no while writing it (a fully
+        cached re-run then loaded the dataset, and imported torch, for its first attack)."""
+        if self._memory is None or self.force:
+            return False
+        func = self._funcs[what]
+        return func.check_call_in_cache(key, None, None) or func.check_call_in_cache(key, None, None)
 
     def take_warnings(self) -> list[str]:
         """Warnings (entries recomputed: corrupted or stale) since the last call; each is reported once."""
@@ -325,6 +341,17 @@ class RunCache:
     def attack(self, key: str, job: Any, compute: Compute | None = None) -> tuple[dict, bool]:
         """(value, came_from_cache) of the attack run with this key; see `utility`."""
         return self._get("attack", key, job, compute)
+
+    def derived(self, key: str, compute: Callable[[], dict]) -> tuple[dict, bool]:
+        """(value, came_from_cache) of a run's derived columns with this key (`fedbench.execution.derived`,
+        whose key holds everything they are computed from); `compute()` makes them on a miss and with
+        `force`. Not locked: a derived value costs little, and two processes store the same value."""
+        if self._memory is None:
+            return compute(), False
+        if self.force:
+            return self._derived.call(key, compute)[0], False
+        args = (key, compute)
+        return _load_or_compute(self._derived, args, "derived", key, self._warnings, _check_derived)
 
     def has_utility(self, key: str) -> bool:
         return self._has("utility", key)

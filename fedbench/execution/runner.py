@@ -35,6 +35,7 @@ from typing import Any
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.execution import placement, scheduler
 from fedbench.execution.cache import RunCache
+from fedbench.execution.derived import derived_key
 from fedbench.execution.placement import Backend
 from fedbench.execution.record import STOP_STATUSES, RunRecord, base_columns
 from fedbench.execution.sources import code_digests
@@ -516,12 +517,16 @@ def _warm_up(spec: RunSpec, ctx: RunContext) -> None:
         pass
 
 
-def execute(spec: RunSpec, cache: RunCache, ctx: RunContext) -> RunRecord:
+def execute(
+    spec: RunSpec, cache: RunCache, ctx: RunContext, before_compute: Callable[[], None] | None = None
+) -> RunRecord:
     """The record of `spec`; never raises for a run failure (it becomes a `failed` record).
 
     Ctrl-C (KeyboardInterrupt) is not a run failure: it propagates. The record's warnings are the run's
     own notes (accountant, metrics) followed by the cache's (a corrupted or stale entry recomputed).
     While the run executes, the cache's artifact store is the one `fedbench.plugin.artifact` uses.
+    `before_compute()` is called before anything is computed rather than read from the cache (the
+    grid's thread setting: a run read whole from the cache never imports torch).
     """
     record = RunRecord(base_columns(spec))
     if ctx.timeout:
@@ -529,7 +534,7 @@ def execute(spec: RunSpec, cache: RunCache, ctx: RunContext) -> RunRecord:
     start = time.perf_counter()
     try:
         with _deadline(ctx.timeout), using_artifacts(cache.artifacts):
-            _execute_into(record, spec, cache, ctx)
+            _execute_into(record, spec, cache, ctx, before_compute)
     except RunTimeout:
         record.columns.update(
             status="timeout", from_cache=False, reason=f"exceeded the timeout of {ctx.timeout:g} s"
@@ -542,11 +547,29 @@ def execute(spec: RunSpec, cache: RunCache, ctx: RunContext) -> RunRecord:
     return record
 
 
-def _execute_into(record: RunRecord, spec: RunSpec, cache: RunCache, ctx: RunContext) -> None:
+def _execute_into(
+    record: RunRecord,
+    spec: RunSpec,
+    cache: RunCache,
+    ctx: RunContext,
+    before_compute: Callable[[], None] | None = None,
+) -> None:
     """Fill `record` with the run's results; raises on a run failure.
 
-    `compute_utility` and `compute_attack` are looked up here, at call time, and handed to the cache.
+    `compute_utility` and `compute_attack` are looked up here, at call time, and handed to the cache,
+    each behind `before_compute` (see `execute`), as is the computation of the derived columns.
     """
+
+    def computing(compute: Callable[..., Any]) -> Callable[..., Any]:
+        if before_compute is None:
+            return compute
+
+        def prepared(*args: Any) -> Any:
+            before_compute()
+            return compute(*args)
+
+        return prepared
+
     columns = record.columns
     job = Job(spec, ctx, Components.of(spec))
     reason = job.parts.skip_reason(spec.scenario) or victim_batch_reason(spec, job.parts.attack)
@@ -556,35 +579,52 @@ def _execute_into(record: RunRecord, spec: RunSpec, cache: RunCache, ctx: RunCon
     if reason:
         columns.update(status="skipped", reason=reason, from_cache=False)
         return
-    utility, cached = cache.utility(canonical_json(spec.utility_key()), job, compute_utility)
+    utility_key = canonical_json(spec.utility_key())
+    utility, cached = cache.utility(utility_key, job, computing(compute_utility))
     columns.update(
         test_acc=utility["test_acc"],
         test_loss=utility["test_loss"],
         utility_seconds=utility["seconds"],
         device=utility["device"],
     )
-    guarantee = _accounting(job, utility)
-    if guarantee:
-        acc, notes = guarantee
+    result = None
+    if spec.attack is not None:
+        result, a_cached = cache.attack(attack_key, job, computing(compute_attack))
+        columns["attack_seconds"] = result["seconds"]
+        cached = cached and a_cached
+    key = derived_key(attack_key if result is not None else utility_key, spec, utility, result)
+    derived, _ = cache.derived(key, computing(lambda: _derived(job, utility, result)))
+    if derived["accounting"] is not None:
+        acc = derived["accounting"]["values"]
         columns.update(
             epsilon=acc["epsilon"],
             delta=acc["delta"],
             dp_level=acc["level"],
             accountant=acc["accountant"],
         )
-        record.warnings.extend(notes)
-    if spec.attack is not None:
-        from fedbench.metrics import attack_metrics
-
-        result, a_cached = cache.attack(attack_key, job, compute_attack)
-        scores = attack_metrics(job.parts.attack, with_reid_pools(job, result))
-        columns.update(scores.columns)
-        record.per_image = scores.per_image
-        record.warnings.extend(scores.warnings)
-        columns["attack_seconds"] = result["seconds"]
-        cached = cached and a_cached
+        record.warnings.extend(derived["accounting"]["notes"])
+    if derived["scores"] is not None:
+        scores = derived["scores"]
+        columns.update(scores["columns"])
+        record.per_image = scores["per_image"]
+        record.warnings.extend(scores["warnings"])
     columns.update(status="ok", from_cache=cached, reason="")
     record.history = utility["history"]
+
+
+def _derived(job: Job, utility: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's derived columns from its cached values: the defense's guarantee (`_accounting`) and, with
+    an attack result, its scores (`attack_metrics` on the result with its re-identification pools).
+    Stored by `fedbench.execution.derived` under the digest of this code (`sources.DERIVED_ROOTS`)."""
+    guarantee = _accounting(job, utility)
+    accounting = {"values": guarantee[0], "notes": guarantee[1]} if guarantee else None
+    scores = None
+    if result is not None:
+        from fedbench.metrics import attack_metrics
+
+        scored = attack_metrics(job.parts.attack, with_reid_pools(job, result))
+        scores = {"columns": scored.columns, "per_image": scored.per_image, "warnings": scored.warnings}
+    return {"accounting": accounting, "scores": scores}
 
 
 def with_reid_pools(job: Job, result: dict[str, Any]) -> dict[str, Any]:
@@ -742,14 +782,22 @@ def run_grid(
 
         scheduler.run_on_workers(specs, indices, ctx, jobs, make_task, finish)
 
+    threads_set = False
+
+    def set_threads() -> None:
+        """--threads, else no more threads than free cores (never more than torch or the caller chose);
+        once, before the first computation in this process (a grid read from the cache imports no torch)."""
+        nonlocal threads_set
+        if not threads_set:
+            import torch
+
+            torch.set_num_threads(ctx.threads or min(torch.get_num_threads(), placement.default_threads(1)))
+            threads_set = True
+
     def here(order: list[int], until: Callable[[RunRecord], bool] = lambda r: False) -> list[int]:
         """Run `order` in this process until fail-fast stops the grid or `until(record)`; the rest."""
-        import torch
-
-        # --threads, else no more threads than free cores (never more than torch or the caller chose)
-        torch.set_num_threads(ctx.threads or min(torch.get_num_threads(), placement.default_threads(1)))
         for k, i in enumerate(order):
-            record = execute(specs[i], cache, ctx)
+            record = execute(specs[i], cache, ctx, set_threads)
             if finish(i, record):
                 return []
             if until(record):

@@ -39,7 +39,10 @@ called by the runner on the cached attack output) and epsilon (`runner._accounti
 parameters, the scenario and the cached training-set size). A row always shows what the metric and
 accounting code loaded now give, computed from the cached result. A metric or accountant module that a
 plugin imports is in that plugin's digest all the same (a DP defense that calibrates its noise with the
-accountant computes inside the cache).
+accountant computes inside the cache). Those derived columns are stored too, apart from the run entries
+(`fedbench.execution.derived`), keyed by `derived_digest`, the digest of the code that computes them: a
+fully cached re-run reads them instead of re-scoring, and an edit of a metric or accountant, whose
+digest changes, re-scores every row at once as before.
 
 Entries from before a digest was stored have none and are served: entries from before digests at all
 (no `code`), and entries from before the engine digest (no `code["engine"]`): a cache filled by an
@@ -92,14 +95,13 @@ NOT_ENGINE = ("fedbench.execution.sources", "fedbench.errors")
 # until the stale declaration is removed). `fedbench leaderboard verify` re-runs a board's sample with
 # the code now and compares every number: the check that a declaration is true.
 EQUIVALENT_EDITS: dict[str, dict[str, str]] = {
-    # _lbfgs_grouped: `.view(depth, R, n)` for `.view(depth, R, -1)`. For depth > 0 the -1 resolves to n;
-    # at depth 0 (no curvature pair accepted yet) the old code raised, so no cached entry went through it.
-    "fedbench.attacks._victims": {
-        "b5be7de23d7f21a0244579cc456bf025e22d889457869f34ca67d7e400e5a0a3": (
-            "64ce71df52cc9aafac494935ff8b6641503a7b1c12fba4c9477facf5cfd95cec"
-        ),
-    },
+    # (the grouped L-BFGS fix of fedbench.attacks._victims was declared here until issue 29 edited the
+    # module again: its entries are recomputed with the rest of the attack cache)
 }
+# What computes a row's derived columns outside the cache (epsilon, the privacy metrics: `runner._derived`,
+# stored by `fedbench.execution.derived`): the runner's definitions it uses, and every metric module.
+DERIVED_ROOTS = ("_derived",)
+DERIVED_PACKAGES = ("fedbench.metrics",)
 
 _ROOT = Path(__file__).resolve().parent.parent  # the fedbench package folder
 _lock = threading.RLock()  # re-entrant: the engine digest takes module closures under it
@@ -107,6 +109,7 @@ _modules: dict[str, tuple[str, frozenset[str]] | None] = {}  # name -> (digest, 
 _plugins: dict[Any, str] = {}  # plugin class -> digest of its code
 _definitions: dict[str, _Definitions | None] = {}  # framework module -> its top-level definitions
 _engine: dict[str, dict[str, str]] = {}  # "utility" | "attack" -> engine_digests
+_derived: dict[str, str] = {}  # "code" -> the digest of the derived columns' framework code
 
 
 def _in_scope(name: str, scope: tuple[str, ...] = SCOPE) -> bool:
@@ -338,6 +341,24 @@ def engine_digests(kind: str) -> dict[str, str]:
         return digests
 
 
+def derived_digest(spec: Any, attack: bool) -> str:
+    """16 hex digits identifying the code that computes a run's derived columns from its cached values
+    (`fedbench.execution.derived`): the run's plugins (`code_digests`, as its entries store them: a
+    defense's `accounting`, an attack's scorer), every module of `DERIVED_PACKAGES` (the metrics, their
+    catalogue and the accountants) and the runner's `DERIVED_ROOTS` with what they use, followed as the
+    engine's are. Editing any of them gives another digest, so cached derived values are recomputed."""
+    with _lock:
+        framework = _derived.get("code")
+        if framework is None:
+            roots = [m for package in DERIVED_PACKAGES for m in _package_modules(package)]
+            digests, modules = _definition_closure(RUNNER, DERIVED_ROOTS)
+            digests.update(module_closure(roots + modules, ENGINE_SCOPE))
+            framework = _derived["code"] = combine(digests)
+    plugins = {k: v for k, v in code_digests(spec, attack).items() if k != "engine"}
+    parts = {"fedbench.derived": framework, **{f"fedbench.plugin:{k}": d for k, d in plugins.items()}}
+    return combine(parts)
+
+
 def _package_modules(package: str) -> list[str]:
     """The package and every module in its folder (sorted), without importing them."""
     folder = _ROOT.joinpath(*package.split(".")[1:])
@@ -470,3 +491,4 @@ def forget() -> None:
         _plugins.clear()
         _definitions.clear()
         _engine.clear()
+        _derived.clear()

@@ -59,7 +59,7 @@ from torch import nn
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.fl.losses import loss_function
 from fedbench.fl.per_example import per_example_grads
-from fedbench.fl.seeding import numpy_rng, torch_generator
+from fedbench.fl.seeding import SeededStreams, torch_generator
 from fedbench.plugin import DatasetBundle, Defense, HookContext, Observation, RunData, Scenario
 
 #: The defense hooks that act on what the attacker sees at each observation point, in pipeline order.
@@ -75,6 +75,10 @@ HOOKS_BEFORE: dict[str, tuple[str, ...]] = {
     "aggregate": ("prepare_data", "loss", "per_example", "step", "update", "receive", "aggregate"),
     "model": ("prepare_data", "loss", "per_example", "step", "update", "receive", "aggregate"),
 }
+
+
+#: How many clients' random streams `Simulation._announce` seeds in one vectorised pass.
+_ANNOUNCED = 256
 
 
 @dataclass(frozen=True)
@@ -111,12 +115,18 @@ class _Params:
     that check, and the tensor lists are refreshed with it. Within a round the lists assume that
     modules update their buffers in place (BatchNorm does), as an optimizer assumes of parameters.
     Defense hooks are handed `self.model`, which holds the client's current weights.
+
+    The copy is skipped when the model still holds the state it was last loaded with: the engine calls
+    `modified()` whenever the model may have changed since (an in-place SGD step, a hook that was handed
+    the model, a new round), so a client whose round left the parameters alone (FedSGD, and FedAvg's
+    last step computed out of place: `Simulation._last_step_delta`) hands the next one a loaded model.
     """
 
     def __init__(self, model: nn.Module):
         self.model = model
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self._checked: Any = None  # the last state loaded through load_state_dict
+        self._modified = True  # whether the model may differ from `_checked`
         self._refresh()
 
     def _refresh(self) -> None:
@@ -125,6 +135,16 @@ class _Params:
         # parameters and persistent buffers, as load_state_dict copies them
         self.state = list(self.model.state_dict(keep_vars=True).items())
         self.buffers = list(self.model.named_buffers())
+        self.modules = list(self.model.modules())
+
+    def set_mode(self, training: bool) -> None:
+        """`model.train(training)`, skipped when every module is in that mode already (a no-op then:
+        `nn.Module.train` sets the flags of the module tree and does nothing else; a model whose own
+        `train` keeps some module in the other mode, as some freeze BatchNorm, is called every time).
+        Walking the module tree costs more than a client's other bookkeeping (36 us of ~1,100 in the
+        review's 1,000-client profile); reading the flags of the listed modules costs about 1 us."""
+        if any(m.training is not training for m in self.modules):
+            self.model.train(training)
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
         """Copy `state` into the model in place: bit for bit what `model.load_state_dict(state)` does."""
@@ -132,10 +152,15 @@ class _Params:
             self.model.load_state_dict(state)
             self._checked = state
             self._refresh()
-            return
-        with torch.no_grad():
-            for name, t in self.state:
-                t.copy_(state[name])
+        elif self._modified:
+            with torch.no_grad():
+                for name, t in self.state:
+                    t.copy_(state[name])
+        self._modified = False
+
+    def modified(self) -> None:
+        """Say that the model's parameters or buffers may have changed since the last `load`."""
+        self._modified = True
 
 
 def _clone_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -175,27 +200,67 @@ class _WeightedSum:
     same order (in place, which rounds as the out-of-place add does), starting as Python's `sum` does
     from 0 (0 + t turns -0.0 into +0.0, kept). The weights must be known before the first update (the
     clients' sizes, when no `prepare_data` hook changes them); holding no list of updates, a round of
-    100 clients needs one update's memory instead of 100.
+    100 clients needs one update's memory instead of 100. Each product is written into one scratch
+    tensor per parameter (`_into`; `scratch` may outlive the round), or into the update itself when
+    the caller owns it: a fresh tensor per product cost its allocation, about as much as the product.
     """
 
-    def __init__(self, names: list[str], weights: list[float]):
+    def __init__(self, names: list[str], weights: list[float], scratch: dict | None = None):
         self.names, self.weights = names, weights
         self.total = float(sum(weights))  # as `_aggregate` sums them
         self.sum: dict[str, torch.Tensor] | None = None
         self.count = 0
+        self.scratch: dict[str, torch.Tensor] = {} if scratch is None else scratch
 
-    def add(self, update: dict[str, torch.Tensor], weight: float) -> None:
+    def add(self, update: dict[str, torch.Tensor], weight: float, owned: bool = False) -> None:
+        """Add `update` at `weight`; `owned`: its tensors are the caller's scratch, scaled in place."""
         if self.count >= len(self.weights) or weight != self.weights[self.count]:
             raise RuntimeError(
                 f"update {self.count} has weight {weight}, the round's weights are {self.weights}"
             )
         self.count += 1
         scale = weight / self.total
-        if self.sum is None:
-            self.sum = {n: 0 + update[n] * scale for n in self.names}
-        else:
-            for n in self.names:
-                self.sum[n].add_(update[n] * scale)
+        first = self.sum is None
+        if first:
+            self.sum = {}
+        for n in self.names:
+            scaled = update[n].mul_(scale) if owned else _into(self.scratch, n, torch.mul, update[n], scale)
+            if first:
+                self.sum[n] = 0 + scaled  # a new tensor, never the scratch
+            else:
+                self.sum[n].add_(scaled)
+
+
+def _into(
+    scratch: dict[str, torch.Tensor], name: str, op: Callable, a: torch.Tensor, b: Any, **kwargs: Any
+) -> torch.Tensor:
+    """`op(a, b, **kwargs)` (a binary torch op), written into `scratch[name]` when that tensor fits the
+    result, else a new tensor kept there for the next call; the result lives until then.
+
+    `op(a, b, out=t)` runs the kernel of `op(a, b)`: the values are bit for bit the same. It fits
+    when `a` is a floating tensor of the scratch tensor's dtype, shape and device, and `b` a Python
+    number or a tensor of the same dtype and shape (then the result's dtype is `a`'s), and nothing
+    asks for a gradient.
+    """
+    out = scratch.get(name)
+    fits = (
+        out is not None
+        and out.dtype == a.dtype
+        and out.shape == a.shape
+        and out.device == a.device
+        and a.is_floating_point()
+        and not a.requires_grad
+        and (
+            not isinstance(b, torch.Tensor)
+            or (b.dtype == a.dtype and b.shape == a.shape and not b.requires_grad)
+        )
+    )
+    if fits:
+        return op(a, b, out=out, **kwargs)
+    result = op(a, b, **kwargs)
+    if not result.requires_grad:
+        scratch[name] = result
+    return result
 
 
 class _SeededContext(HookContext):
@@ -278,6 +343,9 @@ class Simulation:
         self.observe = observe
         self.server_hook = server_hook
         self.stop_after_observation = stop_after_observation
+        # the streams of the clients' batch orders and of each round's participants (`_announce`)
+        self._orders = SeededStreams(seed, "batches")
+        self._draws = SeededStreams(seed, "participants")
         self.loss_fn = loss_function(scenario.loss)
         self.meta = bundle.meta
 
@@ -336,6 +404,39 @@ class Simulation:
         # known before the round, so the weighted mean is summed up client by client as the updates
         # arrive (`_WeightedSum`) instead of holding every participant's update until the round ends.
         self._streaming = not (defense.implements("aggregate") or defense.implements("prepare_data"))
+        # A streamed round tests its weighted mean for non-finite values once, instead of each update
+        # (`_check_finite` of a client's update was about 100 us of the review's ~1,100 per client):
+        # a NaN or infinity in any update reaches the mean (weights are positive), and finite updates
+        # cannot overflow their convex combination short of entries within 1e-5 of the dtype's
+        # maximum. A `receive` hook may change an update after that test, so then each is tested.
+        self._receives = defense.implements("receive")
+        # A streamed FedAvg round without `update` and `receive` hooks hands each client's delta straight
+        # to the weighted sum: it is computed into one scratch tensor per parameter and scaled there
+        # (observations copy what they keep), instead of two fresh tensors per parameter and client.
+        self._plain_delta = scenario.protocol == "fedavg" and not (
+            defense.implements("update") or self._receives
+        )
+        self._delta_scratch: dict[str, torch.Tensor] = {}
+        # No defense code is handed the model during a round and the model has no buffers (which a
+        # forward may update): only the engine's SGD steps change it. Then FedAvg's last local step is
+        # computed out of place into the delta (`_last_step_delta`), and the model keeps the received
+        # weights for the next client (`_Params.load` copies nothing).
+        self._engine_only = not (
+            self._step_hooks
+            or self._params.buffers
+            or any(defense.implements(h) for h in ("prepare_data", "update", "receive", "aggregate"))
+        )
+        self._sum_scratch: dict[str, torch.Tensor] = {}
+
+    @property
+    def _check_each(self) -> bool:
+        """Whether each client's update is tested for finiteness, not only the round's weighted mean."""
+        return not self._streaming or self._receives
+
+    @property
+    def _owned_delta(self) -> bool:
+        """Whether a client's FedAvg delta goes into the scratch tensors, summed at once by `run`."""
+        return self._streaming and self._plain_delta
 
     def run_data(self) -> RunData:
         """The dataset and this run's split, for plugins that need data of their own (`bind_data`)."""
@@ -457,9 +558,11 @@ class Simulation:
         return dataclasses.replace(obs, rows=tuple(rows), x_private=private)
 
     def _batches(self, client: int, rnd: int, n: int, epoch: int = 0) -> list[torch.Tensor]:
-        """Index batches of one client's epoch: a seeded shuffle cut into batch_size pieces."""
-        rng = numpy_rng(self.seed, "batches", rnd, client, epoch)
-        order = torch.as_tensor(rng.permutation(n), device=self.device)
+        """Index batches of one client's epoch: a seeded shuffle cut into batch_size pieces.
+
+        The shuffle is `numpy_rng(seed, "batches", rnd, client, epoch).permutation(n)`, from the
+        streams the round's announcement seeded together (`_announce`), bit for bit the same."""
+        order = torch.from_numpy(self._orders.rng(rnd, client, epoch).permutation(n)).to(self.device)
         bs = self.sc.batch_size or n
         return [order[i : i + bs] for i in range(0, n, bs)]
 
@@ -469,15 +572,32 @@ class Simulation:
         if m >= k:
             chosen = list(range(k))
         else:
-            chosen = sorted(numpy_rng(self.seed, "participants", rnd).choice(k, m, replace=False).tolist())
+            chosen = sorted(self._draws.rng(rnd).choice(k, m, replace=False).tolist())
         obs = self.observe
         if obs is not None and obs.round == rnd and obs.client not in chosen:
             chosen[-1] = obs.client  # the observed victim always takes part in the observed round
             chosen.sort()
         return chosen
 
+    def _announce(self, rnd: int, upcoming: dict[int, list[int]]) -> None:
+        """Draw the participants of the rounds from `rnd` on into `upcoming`, and seed the streams of
+        those draws and of the participants' first-epoch batch orders together (`SeededStreams.expect`):
+        enough rounds for `_ANNOUNCED` clients, up to the last round run. The draws are pure functions
+        of (seed, round, client, epoch), so drawing them ahead changes nothing."""
+        k = self.sc.clients
+        m = min(k, max(1, round(self.sc.participation * k)))
+        last = self.sc.rounds
+        if self.stop_after_observation and self.observe is not None:
+            last = min(last, self.observe.round + 1)
+        block = range(rnd, max(rnd + 1, min(last, rnd + math.ceil(_ANNOUNCED / m))))
+        if m < k:
+            self._draws.expect((r,) for r in block)
+        for r in block:
+            upcoming[r] = self._participants(r)
+        self._orders.expect((r, c, 0) for r in block for c in upcoming[r])
+
     def _set_mode(self) -> None:
-        self.model.train(self.sc.model_mode == "train")
+        self._params.set_mode(self.sc.model_mode == "train")
 
     def _gradient(
         self,
@@ -564,6 +684,7 @@ class Simulation:
             steps = self.sc.local_epochs * len(batches)
         losses, seen = [], []
         tensors = self._params.tensors
+        shared = None
         for step in range(steps):
             epoch = step // len(batches)
             if step and step % len(batches) == 0:  # next epoch: a fresh shuffle (and encoding, if redrawn)
@@ -590,14 +711,30 @@ class Simulation:
             if self.sc.protocol == "fedsgd":
                 shared = grad
                 break
+            if self._engine_only and step == steps - 1:
+                shared = self._last_step_delta(grad, received)
+                break
             with torch.no_grad():
                 for name, p in zip(self.param_names, tensors, strict=True):
                     p.sub_(grad[name], alpha=self.sc.lr)
-        if self.sc.protocol == "fedavg":
+            self._params.modified()
+        if not self._engine_only:
+            self._params.modified()  # a hook was handed the model, or a forward updated its buffers
+        if shared is not None:
+            pass
+        elif self._owned_delta:  # the delta lives until the next client's (`run` sums it at once)
+            scratch = self._delta_scratch
+            with torch.no_grad():
+                shared = {
+                    n: _into(scratch, n, torch.sub, p.detach(), received[n])
+                    for n, p in zip(self.param_names, tensors, strict=True)
+                }
+        else:
             shared = {n: p.detach() - received[n] for n, p in zip(self.param_names, tensors, strict=True)}
         if self.defense.implements("update"):
             shared = self.defense.update(shared, self._ctx(rnd, client, 0, "update", global_state=received))
-        _check_finite(shared, f"of client {client}'s update in round {rnd}")
+        if self._check_each:
+            _check_finite(shared, f"of client {client}'s update in round {rnd}")
         if watching and obs.point in ("update", "server"):
             used = torch.unique(torch.cat(seen))
             # every epoch's draw when the defense redraws per epoch
@@ -609,6 +746,24 @@ class Simulation:
                 self._pending_server = (kind, received, xr[used], yr[used], steps)
         self._last_buffers = {k: v.detach().clone() for k, v in self._params.buffers}
         return shared, n, sum(losses) / len(losses)
+
+    def _last_step_delta(self, grad: dict, received: dict) -> dict[str, torch.Tensor]:
+        """FedAvg's delta after the last local step, that step computed out of place: `(p - lr * g) -
+        received` per parameter, by the kernels of the in-place step `p.sub_(g, alpha=lr)` and of
+        `p - received` (out= and in-place variants of the same kernels: bit for bit the same delta).
+        The parameters keep the weights the step started from; the delta goes into the scratch
+        tensors when `run` sums it at once (`_owned_delta`), else into new tensors."""
+        scratch = self._delta_scratch if self._owned_delta else None
+        lr = self.sc.lr
+        shared = {}
+        with torch.no_grad():
+            for n, p in zip(self.param_names, self._params.tensors, strict=True):
+                if scratch is None:
+                    end = torch.sub(p.detach(), grad[n], alpha=lr)
+                else:
+                    end = _into(scratch, n, torch.sub, p.detach(), grad[n], alpha=lr)
+                shared[n] = end.sub_(received[n])
+        return shared
 
     def _watching(self, rnd: int, client: int) -> bool:
         """Whether this client's round is observed (the victim, or any participant for a cohort)."""
@@ -679,15 +834,20 @@ class Simulation:
         self.observation = None
         self._cohort: list[Observation] = []
         self._state_copy: tuple[Any, dict] = (None, {})
+        upcoming: dict[int, list[int]] = {}  # round -> its participants, drawn ahead (`_announce`)
         for rnd in range(self.sc.rounds):
             sent = self.global_state
             if self.server_hook is not None:
                 sent = self.server_hook.broadcast({k: v.clone() for k, v in sent.items()}, rnd)
             updates, weights, buffers, losses = [], [], [], []
-            chosen = self._participants(rnd)
+            self._params.modified()  # evaluation and the server's update changed the model since
+            if rnd not in upcoming:
+                self._announce(rnd, upcoming)
+            chosen = upcoming.pop(rnd)
             summed = None
             if self._streaming:  # the weights are the clients' sizes: the weighted mean is summed on the fly
-                summed = _WeightedSum(self.param_names, [float(len(self.client_indices[c])) for c in chosen])
+                sizes = [float(len(self.client_indices[c])) for c in chosen]
+                summed = _WeightedSum(self.param_names, sizes, self._sum_scratch)
             for client in chosen:
                 shared, n, loss = self.local_update(client, rnd, sent)
                 if self.defense.implements("receive"):
@@ -700,10 +860,14 @@ class Simulation:
                 if summed is None:
                     updates.append(shared)
                 else:
-                    summed.add(shared, float(n))
+                    summed.add(shared, float(n), owned=self._owned_delta)
                 weights.append(float(n))
                 buffers.append(self._last_buffers)
                 losses.append(loss)
+            if not self._check_each:
+                _check_finite(
+                    summed.sum, f"of the weighted mean of the {len(chosen)} client updates in round {rnd}"
+                )
             agg = self._aggregate(updates, weights, rnd) if summed is None else summed.sum
             if self.observe is not None and self.observe.point == "aggregate" and self.observe.round == rnd:
                 self._record(

@@ -8,9 +8,11 @@ as the board takes it). The check passes for a row when the rate moves by less t
 the row's published 95 % interval: more budget would not change what the board says. If it moves
 more, the board's budgets must be raised.
 
-An attack counts as an optimisation attack when it has an integer `iterations` parameter; one on its
-auto (plateau) schedule (`iterations = none`) is listed as not doubled: its stop rule, not a number,
-sets its budget.
+An attack's budget is what its `scaled_budget` says (`fedbench.plugin.Attack`): an integer `iterations`
+by default; for an attack on an adaptive schedule (Inverting Gradients without `iterations`: decay on
+stall, stop when converged) both the schedule's cap and its patience ("doubling both the cap and the
+schedule's patience", issue 28). An attack with no budget to scale (an auto schedule that does not
+declare one) is listed as not doubled.
 """
 
 from __future__ import annotations
@@ -46,15 +48,17 @@ class RowCheck:
 
 
 def doubled_attack(attack: Any, factor: int) -> Any | None:
-    """The attack spec with its iteration budget multiplied by `factor`, or None when it has none to
-    double (not an optimisation attack, or on its auto schedule)."""
+    """The attack spec with its optimisation budget multiplied by `factor` (the plugin's
+    `scaled_budget`), or None when it has none to scale."""
+    from fedbench.registry import registry_for
     from fedbench.spec.run import ComponentSpec
 
-    value = attack.params_dict.get(BUDGET_PARAM)
-    if not isinstance(value, int) or isinstance(value, bool):
-        return None
+    plugin = registry_for("attack").get(attack.name)
     given = {k: v for k, v in attack.params_dict.items() if k in attack.given}
-    return ComponentSpec.resolve("attack", attack.name, {**given, BUDGET_PARAM: value * factor})
+    raw = plugin.scaled_budget(attack.params_dict, given, factor)
+    if raw is None:
+        return None
+    return ComponentSpec.resolve("attack", attack.name, raw)
 
 
 def doubled_specs(specs: list[Any], rows: set[str], factor: int) -> tuple[list[Any], dict[str, str]]:
@@ -111,7 +115,8 @@ def note(check: dict[str, Any]) -> str:
     attacks = ", ".join(check["attacks"]) or "none"
     auto = f"; on their auto schedule, not doubled: {', '.join(check['auto'])}" if check.get("auto") else ""
     return (
-        f"Budget check ({check['date']}, `fedbench leaderboard budget-check`): the iteration budget of "
+        f"Budget check ({check['date']}, `fedbench leaderboard budget-check`): the budget (iterations; "
+        f"on an adaptive schedule, its cap and patience) of "
         f"{attacks} multiplied by {check['factor']} on seeds {', '.join(map(str, check['seeds']))}{auto}. "
         f"The primary rate, same seeds: {'; '.join(parts)}. Result: {check['result']} (a row passes when "
         "its rate moves by less than half its published 95 % interval)."

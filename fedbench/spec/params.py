@@ -15,6 +15,9 @@ from typing import Any, Literal, get_args, get_origin
 
 from fedbench.errors import ParamError, UnknownNameError, did_you_mean
 
+#: `param(keyless=...)` left out: the parameter has no keyless value (a sentinel, as None may be one).
+NOT_KEYLESS: Any = object()
+
 
 def param(
     default: Any,
@@ -25,16 +28,26 @@ def param(
     min_open: bool = False,
     max_open: bool = False,
     allow_inf: bool = False,
+    keyless: Any = NOT_KEYLESS,
 ) -> Any:
     """A dataclass field with a default, a help text and an optional numeric range.
 
     `min_open`/`max_open` make the bound exclusive: `param(0.5, min=0, max=1, min_open=True)` is (0, 1].
     A number is finite unless `allow_inf` (a parameter where infinity means something, e.g. no bound):
     `lr = inf` in a preset is a typo that would otherwise pass `validate` and fail only mid-run.
+
+    `keyless` is the value a run key that does not name this parameter stands for: what every run had
+    before the parameter existed, or before its default changed. The key leaves the parameter out at
+    that value (so those runs keep their run ids) and names it at any other, the default included (so
+    a changed default gets run ids of its own and is never served results of the old behaviour); a key
+    without it resolves back to that value (`fedbench.spec.run`, `keyless_values`). A plugin's
+    `key_optional` is the case where that value is the default.
     """
     meta = {"help": help, "min": min, "max": max, "min_open": min_open, "max_open": max_open}
     if allow_inf:
         meta["allow_inf"] = True
+    if keyless is not NOT_KEYLESS:
+        meta["keyless"] = keyless
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults are not allowed; use a tuple")
     return dataclasses.field(default=default, metadata=meta)
@@ -201,6 +214,12 @@ def params_to_dict(params: Any) -> dict[str, Any]:
         return v
 
     return {f.name: plain(getattr(params, f.name)) for f in dataclasses.fields(params)}
+
+
+def keyless_values(params_cls: type) -> dict[str, Any]:
+    """{name: value} of the parameters declared with `param(keyless=value)`: the value a run key that
+    leaves the parameter out stands for."""
+    return {f.name: f.metadata["keyless"] for f in dataclasses.fields(params_cls) if "keyless" in f.metadata}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from fedbench.errors import SpecError
 from fedbench.plugin import Scenario
 from fedbench.registry import registry_for
-from fedbench.spec.params import params_to_dict
+from fedbench.spec.params import keyless_values, params_to_dict
 
 
 @dataclass(frozen=True)
@@ -53,17 +53,36 @@ class ComponentSpec:
         return f"{self.name}[{','.join(f'{k}={_fmt(_thaw(v))}' for k, v in shown)}]"
 
     def key(self) -> dict[str, Any]:
-        """The plugin's part of the cache key: params in full, except a `key_optional` one at its default."""
+        """The plugin's part of the cache key: params in full, except one at the value a key without it
+        stands for (`keyless`: a `key_optional` param's default, a `param(keyless=...)` one's value)."""
         plugin = registry_for(self.kind).get(self.name)
-        params = self.params_dict
-        if plugin.key_optional:
-            defaults = params_to_dict(plugin.make_params({}))
-            params = {k: v for k, v in params.items() if k not in plugin.key_optional or v != defaults[k]}
+        omit = keyless(plugin)
+        params = {k: v for k, v in self.params_dict.items() if k not in omit or v != omit[k]}
         return {"name": self.name, "params": params, "version": self.version}
+
+    @classmethod
+    def from_key(cls, kind: str, part: dict[str, Any]) -> ComponentSpec:
+        """Rebuild a component from its part of a stored key: a param the key leaves out has the value
+        such a key stands for, which for a `param(keyless=...)` is not the default (`keyless`)."""
+        plugin = registry_for(kind).get(part["name"])
+        absent = keyless_values(plugin.Params)
+        raw = {**{k: v for k, v in absent.items() if k not in part["params"]}, **part["params"]}
+        return cls.resolve(kind, part["name"], raw)
 
     def instantiate(self) -> Any:
         plugin = registry_for(self.kind).get(self.name)
         return plugin(plugin.make_params(self.params_dict))
+
+
+def keyless(plugin: type) -> dict[str, Any]:
+    """{param: value} the plugin's key leaves out at that value: each `key_optional` param at its default,
+    each `param(keyless=...)` at its keyless value (what runs before it or before its default changed had).
+    """
+    out = {}
+    if plugin.key_optional:
+        defaults = params_to_dict(plugin.make_params({}))
+        out = {k: defaults[k] for k in plugin.key_optional}
+    return {**out, **{k: _thaw(v) for k, v in keyless_values(plugin.Params).items()}}
 
 
 def _freeze(items: Any) -> Any:
@@ -221,7 +240,7 @@ class RunSpec:
 
         def comp(kind: str) -> ComponentSpec | None:
             part = key.get(kind)
-            return ComponentSpec.resolve(kind, part["name"], part["params"]) if part else None
+            return ComponentSpec.from_key(kind, part) if part else None
 
         return cls(
             comp("dataset"),
