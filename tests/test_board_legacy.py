@@ -55,9 +55,10 @@ def test_inputs_per_seed_from_a_boards_scenario():
 
 
 def test_restat_command_on_a_schema_1_board(tmp_path):
-    """An old-style copy of a board (the version 1 FedAvg board's entries without their intervals):
-    --check exits 1 and writes nothing; restat bounds every rate; then check and --check pass."""
-    board = "inversion-fedavg-mnist5k-mlp"
+    """An old-style copy of a board (the version 1 leakage-types board's entries without their
+    intervals): --check exits 1 and writes nothing; restat bounds every rate; then check and --check
+    pass."""
+    board = "leakage-types-mnist5k-mlp"
     root = tmp_path / "boards"
     shutil.copytree(ROOT / board, root / board)
     for path in (root / board / "entries").glob("*.json"):  # back to schema 1: mean ± spread only
@@ -84,8 +85,8 @@ def test_restat_command_on_a_schema_1_board(tmp_path):
     assert res.exit_code == 0, res.output
     none = json.loads((root / board / "entries" / "none.json").read_text())
     label_acc = none["metrics"]["worst_case"]["label_acc"]
-    assert (label_acc["k"], label_acc["inputs"]) == (9, 9)  # 3 seeds x 3 victims, every label right
-    assert label_acc["low"] == pytest.approx(0.025 ** (1 / 9), abs=1e-6)  # Clopper-Pearson at 9/9
+    assert (label_acc["k"], label_acc["inputs"]) == (4, 4)  # 4 attacked inputs, every label right
+    assert label_acc["low"] == pytest.approx(0.025 ** (1 / 4), abs=1e-6)  # Clopper-Pearson at 4/4
     assert runner.invoke(app, ["leaderboard", "check", "--dir", str(root)]).exit_code == 0
     res = runner.invoke(app, ["leaderboard", "restat", "--dir", str(root), "--check"])
     assert res.exit_code == 0 and "current" in res.output
