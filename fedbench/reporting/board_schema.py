@@ -126,6 +126,43 @@ class VerifyStamp(FileModel):
     numbers: Annotated[int, Field(ge=0)] = 0  # how many numbers were compared
 
 
+class BudgetRow(FileModel):
+    """One row of a budget check: its primary rate as published and with the doubled budgets."""
+
+    defense: str
+    rate: float
+    doubled: float
+    low: float
+    high: float
+    passed: bool
+
+
+class BudgetCheck(FileModel):
+    """What the last `fedbench leaderboard budget-check` ran and found (`fedbench.reporting.budget_check`)."""
+
+    date: str
+    factor: Annotated[int, Field(ge=2)]
+    seeds: list[int]
+    attacks: list[str]
+    auto: list[str] = []
+    rows: list[BudgetRow]
+    result: str
+
+
+def _budget_check(value: dict[str, Any]) -> dict[str, Any]:
+    """An empty table (no check recorded) or a whole `BudgetCheck`; kept as the dict it was read as."""
+    from pydantic import ValidationError
+
+    if value:
+        try:
+            BudgetCheck.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+    return value
+
+
 class ExternalAttack(FileModel):
     """An attack evaluated on the board after it was built (`leaderboard add -a`): RobustBench's external
     (adaptive) evaluations. Its values sit in the entries like the suite's; `verify` re-runs it too."""
@@ -166,9 +203,8 @@ class Board(FileModel):
     verified: VerifyStamp | None = None  # the last `fedbench leaderboard verify`
     environment: dict[str, str] = {}  # torch version and CPU capability of the build (verify compares)
     external_attacks: Annotated[tuple[ExternalAttack, ...], Field(strict=False)] = ()  # `add -a`
-    budget_check: dict[
-        str, Any
-    ] = {}  # the last `leaderboard budget-check` (`fedbench.reporting.budget_check`)
+    # the last `leaderboard budget-check` (`BudgetCheck`), {} when none was run
+    budget_check: Annotated[dict[str, Any], AfterValidator(_budget_check)] = {}
 
     @model_validator(mode="after")
     def _method(self) -> Board:
