@@ -26,10 +26,10 @@ e.g. `assign="race|sex"` (even clients race, odd clients sex; the paper's §6.4 
 Timing (Table 1): the per-round client cost is the perturbation; zoo training is a one-off per round
 shared by all clients (and by cached runs), see benchmarks/bench_recup_cost.py. The perturbations of
 many updates (a round's clients through `update_batch`, the adaptive adversary's pool) are computed
-together by default (`fgsm=batched`: one batched backward per zoo member and FGSM step, 5-8x less CPU
-per update, benchmarks/bench_recup_batch.py); `fgsm=per-record` is the path of one update at a time
-that built the committed attribute board. The two differ only where a gradient is within float rounding
-of zero and its sign flips (`_recup_core`).
+together by default (`fgsm=batched`: one batched backward per zoo member and FGSM step, 4x less CPU
+per update at 40 updates, 12x at 400, benchmarks/bench_recup_batch.py); `fgsm=per-record` is the path
+of one update at a time that built the committed attribute board. The two differ only where rounding
+meets a quantity within rounding of zero (`_recup_core`), but a run amplifies such a difference.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ VARIANTS = ("meta", "one-step", "average", "iterative", "momentum")
 _META_START_HELP = "meta-train start: the current output (Eq. 8, Alg. 1) or the original update (Eq. 5)"
 _FGSM_HELP = (
     "FGSM of many updates: batched (one backward per zoo member and step over all of them) or per-record "
-    "(one update at a time, the committed attribute board's path); equal up to near-zero gradient signs"
+    "(one update at a time, the committed attribute board's path); equal but where rounding meets zero"
 )
 
 
