@@ -325,6 +325,16 @@ class Defense(Plugin):
         """Once per round, the update the client shares (gradient in FedSGD, weight delta in FedAvg)."""
         return delta
 
+    def update_batch(
+        self, deltas: Sequence[dict[str, torch.Tensor]], ctxs: Sequence[HookContext]
+    ) -> list[dict[str, torch.Tensor]]:
+        """The `update` hook of several clients at once (a round's participants, in order), for a defense
+        that computes them faster together (RecUP-FL's batched FGSM). Entry i is what `update(deltas[i],
+        ctxs[i])` returns (it draws from ctxs[i].generator only). Optional: the default calls `update` for
+        each, and the engine calls this hook only where a defense overrides it (the others keep one
+        `update` call right after each client's training)."""
+        return [self.update(d, c) for d, c in zip(deltas, ctxs, strict=True)]
+
     def receive(self, delta: dict[str, torch.Tensor], ctx: HookContext) -> dict[str, torch.Tensor]:
         """At the server, each client's update as received, before aggregation (Fed-SDP server noise)."""
         return delta

@@ -205,7 +205,8 @@ def defended_pool_features(
     HookContext of its own seeded from the attack seed: DP noise is fresh, never the victims'. A
     defense that binds data (RecUP-FL) is bound, on a copy, to the pool records as one-record
     clients, so each record protects its own attribute value (and, with per-client `assign`, the
-    pseudo-clients cycle over the groups as the real clients do). Defenses that change the client's
+    pseudo-clients cycle over the groups as the real clients do); one with a batched `update` hook
+    (`Defense.update_batch`: RecUP-FL) gets a chunk's records at once. Defenses that change the client's
     data or loss (`prepare_data`, `loss`) cannot be replayed from a gradient: FedbenchError.
 
     Cached as an artifact (the four adversaries of a grid cell share it): the key holds the defense's
@@ -263,32 +264,45 @@ def defended_pool_features(
         model.load_state_dict(state)
         loss_fn = loss_function(sc.loss)
         rnd = observation.round
+        # a defense with a batched `update` hook (RecUP-FL) takes a chunk's records at once
+        batched = "update" in hooks and bound.implements("update_batch")
+
+        def ctx(purpose: str, client: int, **extra) -> HookContext:
+            gen = torch_generator(seed, f"aia-defended-{purpose}", rnd, client, 0)
+            xj, yj = x[client : client + 1], y[client : client + 1]
+            return HookContext(rnd, client, 0, sc, gen, model, bundle.meta, xj, yj, **extra)
+
+        def before_update(client: int, one: dict) -> dict:
+            if bound.implements("per_example"):
+                g = bound.per_example(one, ctx("step", client))
+            else:
+                g = Defense.per_example(bound, one, None)
+            if bound.implements("step"):
+                g = bound.step(g, ctx("step", client))
+            return g if observation.kind == "gradient" else {k: -observation.lr * v for k, v in g.items()}
+
+        def after_update(client: int, shared: dict) -> torch.Tensor:
+            if "receive" in hooks:
+                shared = bound.receive(shared, ctx("receive", client))
+            return layout.flatten({k: v.detach() for k, v in shared.items()})
+
         out = []
         for start in range(0, len(idx), chunk):
             grads = per_example_grads(model, x[start : start + chunk], y[start : start + chunk], loss_fn)
+            pending = []  # (client, message) waiting for the batched update hook
             for j in range(len(next(iter(grads.values())))):
                 client = start + j
-                xj, yj = x[client : client + 1], y[client : client + 1]
-
-                def ctx(purpose: str, client=client, xj=xj, yj=yj, **extra) -> HookContext:
-                    gen = torch_generator(seed, f"aia-defended-{purpose}", rnd, client, 0)
-                    return HookContext(rnd, client, 0, sc, gen, model, bundle.meta, xj, yj, **extra)
-
-                one = {k: v[j : j + 1] for k, v in grads.items()}
-                if bound.implements("per_example"):
-                    g = bound.per_example(one, ctx("step"))
-                else:
-                    g = Defense.per_example(bound, one, None)
-                if bound.implements("step"):
-                    g = bound.step(g, ctx("step"))
-                shared = (
-                    g if observation.kind == "gradient" else {k: -observation.lr * v for k, v in g.items()}
-                )
+                shared = before_update(client, {k: v[j : j + 1] for k, v in grads.items()})
+                if batched:
+                    pending.append((client, shared))
+                    continue
                 if "update" in hooks:
-                    shared = bound.update(shared, ctx("update", global_state=state))
-                if "receive" in hooks:
-                    shared = bound.receive(shared, ctx("receive"))
-                out.append(layout.flatten({k: v.detach() for k, v in shared.items()}))
+                    shared = bound.update(shared, ctx("update", client, global_state=state))
+                out.append(after_update(client, shared))
+            if pending:
+                contexts = [ctx("update", client, global_state=state) for client, _ in pending]
+                updated = bound.update_batch([m for _, m in pending], contexts)
+                out += [after_update(c, m) for (c, _), m in zip(pending, updated, strict=True)]
         with torch.no_grad():
             return fmap.pooled(torch.stack(out)).cpu()
 
@@ -338,19 +352,28 @@ def train_classifier(
     batch: int,
     seed: int,
 ) -> nn.Module:
-    """CE + plain SGD (spec §3.1: lr 0.01, 80 epochs), seeded shuffles; returns `net` in eval mode."""
+    """CE + plain SGD (spec §3.1: lr 0.01, 80 epochs), seeded shuffles; returns `net` in eval mode.
+
+    The SGD step is `torch.optim.SGD`'s without momentum or weight decay, written out: the gradients
+    from `torch.autograd.grad` (what `backward` would store in `.grad`) and `p -= lr * g` as
+    `_foreach_add_(params, grads, alpha=-lr)` (what SGD runs: per tensor on CPU, one foreach kernel on
+    GPU), so the weights are bit for bit SGD's; it skips the optimizer's per-step bookkeeping and
+    `zero_grad`. The batch is gathered with `index_select` (the same rows as `features[idx]`, whose
+    advanced indexing costs ~5x more). Together ~15-20 % of a RecUP-FL zoo's training on these small
+    MLPs, whose matrix products are most of the rest (docs/benchmarks.md).
+    """
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    params = [p for p in net.parameters() if p.requires_grad]
     net.train()
     n = len(labels)
     for _ in range(epochs):
         order = torch.randperm(n, generator=gen)
         for i in range(0, n, batch):
             idx = order[i : i + batch]
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(net(features[idx]), labels[idx])
-            loss.backward()
-            opt.step()
+            xb, yb = features.index_select(0, idx), labels.index_select(0, idx)  # = features[idx], faster
+            grads = torch.autograd.grad(nn.functional.cross_entropy(net(xb), yb), params)
+            with torch.no_grad():
+                torch._foreach_add_(params, grads, alpha=-lr)
     return net.eval()
 
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,6 +190,27 @@ def _check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
             raise RunFailure(f"non-finite values in {name} {where}")
+
+
+#: At most this many clients' messages wait for a batched `update` hook together (their memory).
+UPDATE_BATCH = 256
+
+
+@dataclass
+class _Trained:
+    """One client's trained round, waiting for the `update` hook: its message and what recording needs."""
+
+    client: int
+    rnd: int
+    received: dict[str, torch.Tensor]
+    shared: dict[str, torch.Tensor]
+    n: int
+    loss: float
+    watching: bool
+    seen: list
+    steps: int
+    rows: Any
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class _WeightedSum:
@@ -427,6 +448,11 @@ class Simulation:
             or any(defense.implements(h) for h in ("prepare_data", "update", "receive", "aggregate"))
         )
         self._sum_scratch: dict[str, torch.Tensor] = {}
+        # a defense whose `update` hook is faster over many clients at once (RecUP-FL) gets blocks of a
+        # round's clients (`_local_updates`); the others are called right after each client's training.
+        # Such a defense has an `update` hook, so its deltas never live in the scratch tensors
+        # (`_owned_delta`), which the next client's training would overwrite.
+        self._batch_updates = defense.implements("update_batch")
 
     @property
     def _check_each(self) -> bool:
@@ -663,6 +689,42 @@ class Simulation:
         The model's one parameter set is loaded with `received` in place and trained in place; the
         message is computed from it directly (a FedAvg delta is a fresh tensor, not a further copy).
         """
+        trained = self._train_client(client, rnd, received)
+        shared = trained.shared
+        if self.defense.implements("update"):
+            shared = self.defense.update(shared, self._update_ctx(trained))
+        trained.buffers = {k: v.detach().clone() for k, v in self._params.buffers}
+        return self._finish_update(trained, shared)
+
+    def _update_ctx(self, trained: _Trained) -> HookContext:
+        return self._ctx(trained.rnd, trained.client, 0, "update", global_state=trained.received)
+
+    def _local_updates(
+        self, clients: list[int], rnd: int, received: dict[str, torch.Tensor]
+    ) -> Iterator[tuple[dict, int, float]]:
+        """`local_update` of several clients, their `update` hook called once for all (`update_batch`).
+
+        Each client trains in turn (its buffers kept as it leaves them), then the defense's batched
+        hook acts on the messages together, then each is checked and recorded as `local_update` does,
+        one at a time as the server takes it (a generator: the server's `receive` and a `server`
+        observation of one client come before the next client's record, as in the one-client path).
+        Used only for a defense that overrides `Defense.update_batch` (RecUP-FL): other defenses keep
+        one `update` call right after each client's training. The hook's contexts hand it the model
+        holding the last client's weights; the round's received weights are `ctx.global_state`.
+        """
+        trained = []
+        for client in clients:
+            t = self._train_client(client, rnd, received)
+            t.buffers = {k: v.detach().clone() for k, v in self._params.buffers}
+            trained.append(t)
+        shared = self.defense.update_batch(
+            [t.shared for t in trained], [self._update_ctx(t) for t in trained]
+        )
+        for t, s in zip(trained, shared, strict=True):
+            yield self._finish_update(t, s)
+
+    def _train_client(self, client: int, rnd: int, received: dict[str, torch.Tensor]) -> _Trained:
+        """A client's local training of round `rnd`: its message before the `update` hook."""
         if self._prepares:
             x, y = self.client_data(client, rnd)
             rows, n = None, len(y)
@@ -731,21 +793,35 @@ class Simulation:
                 }
         else:
             shared = {n: p.detach() - received[n] for n, p in zip(self.param_names, tensors, strict=True)}
-        if self.defense.implements("update"):
-            shared = self.defense.update(shared, self._ctx(rnd, client, 0, "update", global_state=received))
+        loss = sum(losses) / len(losses)
+        return _Trained(client, rnd, received, shared, n, loss, watching, seen, steps, rows)
+
+    def _finish_update(self, t: _Trained, shared: dict) -> tuple[dict, int, float]:
+        """Check the client's message after its `update` hook and record what an observer sees of it."""
+        client, rnd, obs = t.client, t.rnd, self.observe
         if self._check_each:
             _check_finite(shared, f"of client {client}'s update in round {rnd}")
-        if watching and obs.point in ("update", "server"):
-            used = torch.unique(torch.cat(seen))
+        if t.watching and obs.point in ("update", "server"):
+            used = torch.unique(torch.cat(t.seen))
             # every epoch's draw when the defense redraws per epoch
-            xr, yr = self._client_data[client] if rows is None else self.client_data(client)
+            xr, yr = self._client_data[client] if t.rows is None else self.client_data(client)
             kind = "gradient" if self.sc.protocol == "fedsgd" else "delta"
             if obs.point == "update":
-                self._record("update", rnd, client, shared, kind, received, xr[used], yr[used], steps)
+                self._record("update", rnd, client, shared, kind, t.received, xr[used], yr[used], t.steps)
             else:  # recorded by the server after `receive`
-                self._pending_server = (kind, received, xr[used], yr[used], steps)
-        self._last_buffers = {k: v.detach().clone() for k, v in self._params.buffers}
-        return shared, n, sum(losses) / len(losses)
+                self._pending_server = (kind, t.received, xr[used], yr[used], t.steps)
+        self._last_buffers = t.buffers
+        return shared, t.n, t.loss
+
+    def _round_updates(self, chosen: list[int], rnd: int, sent: dict) -> Iterator[tuple[dict, int, float]]:
+        """The round's client messages in order, as the server consumes them: one client at a time, or
+        blocks of `UPDATE_BATCH` clients for a defense with a batched `update` hook."""
+        if not self._batch_updates:
+            for client in chosen:
+                yield self.local_update(client, rnd, sent)
+            return
+        for start in range(0, len(chosen), UPDATE_BATCH):
+            yield from self._local_updates(list(chosen[start : start + UPDATE_BATCH]), rnd, sent)
 
     def _last_step_delta(self, grad: dict, received: dict) -> dict[str, torch.Tensor]:
         """FedAvg's delta after the last local step, that step computed out of place: `(p - lr * g) -
@@ -848,8 +924,7 @@ class Simulation:
             if self._streaming:  # the weights are the clients' sizes: the weighted mean is summed on the fly
                 sizes = [float(len(self.client_indices[c])) for c in chosen]
                 summed = _WeightedSum(self.param_names, sizes, self._sum_scratch)
-            for client in chosen:
-                shared, n, loss = self.local_update(client, rnd, sent)
+            for client, (shared, n, loss) in zip(chosen, self._round_updates(chosen, rnd, sent), strict=True):
                 if self.defense.implements("receive"):
                     shared = self.defense.receive(shared, self._ctx(rnd, client, 0, "receive"))
                     _check_finite(shared, f"of client {client}'s update at the server in round {rnd}")
