@@ -74,7 +74,7 @@ def _run_specs(grid, specs, ctx_args, cache_dir: Path | None):
     import dataclasses
     from collections import Counter
 
-    from fedbench.cli.running import _run_with_progress
+    from fedbench.cli.running import run_with_progress
     from fedbench.execution.cache import RunCache
     from fedbench.execution.runner import RunContext
     from fedbench.reporting.tables import load_results
@@ -84,7 +84,7 @@ def _run_specs(grid, specs, ctx_args, cache_dir: Path | None):
     with tempfile.TemporaryDirectory(prefix="fedbench-verify-") as tmp:
         cache = RunCache(cache_dir or Path(tmp) / "cache")
         setup = RunContext(data_root=data_root, threads=threads)
-        records, path = _run_with_progress(grid, setup, cache, Path(tmp) / "out", Counter(), n_jobs=n_jobs)
+        records, path = run_with_progress(grid, setup, cache, Path(tmp) / "out", Counter(), n_jobs=n_jobs)
         return load_results([path]), records
 
 

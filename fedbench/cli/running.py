@@ -183,7 +183,7 @@ def run_cmd(
     counts: Counter = Counter()
     try:
         with _sigterm_as_interrupt():
-            records, path = _run_with_progress(grid, setup, cache, output, counts, fail_fast, command)
+            records, path = run_with_progress(grid, setup, cache, output, counts, fail_fast, command)
     except GridInterrupted as exc:
         where = f"; results of the finished runs: {exc.path}" if exc.path else ""
         err.print(
@@ -230,7 +230,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_with_progress(grid, setup, cache, output, counts, fail_fast=False, command="", n_jobs=1):
+def run_with_progress(grid, setup, cache, output, counts, fail_fast=False, command="", n_jobs=1):
     """Run the grid with its progress on stderr: a bar on a terminal, else plain lines (`LogLines`)."""
     from fedbench.api import execute_grid
 

@@ -179,19 +179,17 @@ def worst_case(
     most = max(reach.values())
     shared = [k for k in order if reach[k] == most][:victims]
 
-    def keys(mine: dict) -> list[str]:
-        return shared if all(k in mine for k in shared) else [k for k in order if k in mine][:victims]
-
-    rows = tuple(
-        (
+    def row(defense: str, mine: dict) -> tuple:
+        keys = shared if all(k in mine for k in shared) else [k for k in order if k in mine][:victims]
+        return (
             defense,
-            np.stack([truth[k] for k in keys(mine)]),
-            np.stack([np.clip(mine[k][1], 0.0, 1.0) for k in keys(mine)]).astype(np.float32),
-            tuple(mine[k][2] for k in keys(mine)),
-            tuple(mine[k][3] for k in keys(mine)),
+            np.stack([truth[k] for k in keys]),
+            np.stack([np.clip(mine[k][1], 0.0, 1.0) for k in keys]).astype(np.float32),
+            tuple(mine[k][2] for k in keys),
+            tuple(mine[k][3] for k in keys),
         )
-        for defense, mine in best.items()
-    )
+
+    rows = tuple(row(defense, mine) for defense, mine in best.items())
     return Thumbnails(board.name, chosen_metric, seed, np.stack([truth[k] for k in shared]), rows)
 
 
