@@ -160,6 +160,7 @@ primary = "reid"
 utility_budget = 60
 threat_id = "A"
 knowledge = { labels = true, defense = true }
+tuning = "none: every row at its paper's default"
 
 [scenario]
 protocol = "fedsgd"
@@ -224,6 +225,7 @@ def test_v2_entries_keep_inputs_and_no_rank(tiny_board):
         rec = e["per_input"]["inverting-gradients[iterations=10]"]["0"]
         assert rec["victims"] == [0, 1] and rec["counts"] == [1, 1] and len(rec["values"]["psnr"]) == 2
     readme = (folder / "README.md").read_text()
+    assert board["tuning"] and f"Tuning rule: {board['tuning']}" in readme  # the declared rule, stated
     header = next(line for line in readme.splitlines() if line.startswith("| rank"))
     cells = [c.strip() for c in header.strip("|").split("|")]
     assert cells[:3] == ["rank", "defense", "reid (%) ↓"]  # the primary metric first after rank and defense

@@ -342,3 +342,17 @@ def test_failed_boards_exit_1_after_the_others_and_are_named(built, presets, tmp
     assert lines[-1] == "not built: broken-board, nobase-board"
     assert not (root / "broken-board").exists() and not (root / "nobase-board").exists()
     assert lb.stale(root) == []
+
+
+def test_the_board_records_its_wall_time_and_a_cached_rebuild_keeps_it(built):
+    """The first build computed every run (an empty cache): its wall time, cores and jobs are in
+    board.json and the README; the second build, served from the cache, measures nothing and keeps it."""
+    root, cache, _first, _second, _entries = built
+    board, _ = lb.load_board(root / "tiny-digits")
+    wall = board.build_wall
+    assert wall is not None and wall.from_empty and wall.runs == wall.computed == 8
+    assert wall.invocations == 1 and wall.n_jobs == "1" and wall.threads == "1" and wall.seconds > 0
+    readme = (root / "tiny-digits" / lb.README_FILE).read_text()
+    assert "Wall time: " in readme and "from an empty cache" in readme
+    ledger = json.loads((cache / "builds" / "tiny-digits.json").read_text())
+    assert ledger["closed"] and ledger["computed"] == 8 and ledger["invocations"] == 1

@@ -83,7 +83,8 @@ def render_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboard
 
 @_command("check")
 def check_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards")) -> None:
-    """Validate the entries and fail (exit 1) when a rendered file is stale.
+    """Validate the entries and fail (exit 1) when a rendered file is stale, or when a board's slice
+    (`build --slice`) ranks a row otherwise than its full board, beyond their intervals.
 
     Examples:
 
@@ -91,6 +92,7 @@ def check_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards
 
       fedbench leaderboard check inversion-fedsgd-mnist5k-mlp --dir leaderboards
     """
+    from fedbench.reporting.board_slice import check_slices
     from fedbench.reporting.leaderboard import stale
 
     if bad := stale(root, board or None):
@@ -98,6 +100,10 @@ def check_cmd(board: BoardsArgument = None, root: DirOption = Path("leaderboards
             f"stale: {', '.join(str(p) for p in bad)}; run 'fedbench leaderboard render'",
             highlight=False,
         )
+        raise typer.Exit(1)
+    if disagree := check_slices(root, board or None):
+        for line in disagree:
+            err.print(f"slice disagrees: {line}", highlight=False)
         raise typer.Exit(1)
     err.print(f"{root}: entries valid, rendered files up to date", highlight=False)
 
@@ -185,8 +191,10 @@ def build_board(source: BoardSource, grid, setup, cache, root: Path, command: st
     was: a board with a configuration short of seeds would rank it on fewer numbers than the others."""
     from fedbench.api import execute_grid
     from fedbench.cli.progress import LogLines
+    from fedbench.execution.placement import AUTO_JOBS
     from fedbench.execution.record import STOP_STATUSES
     from fedbench.reporting import leaderboard as lb
+    from fedbench.reporting.build_wall import Invocation, fingerprint, ledger_path, record
     from fedbench.reporting.tables import load_results
 
     counts: Counter = Counter()
@@ -205,27 +213,68 @@ def build_board(source: BoardSource, grid, setup, cache, root: Path, command: st
                 err.print(f"warning: {source.board}: {message}", highlight=False)
 
     started = time.perf_counter()
+    ledger = ledger_path(cache.location, source.board)
+    grid_id = fingerprint([spec.run_id for spec in grid.specs])
+
+    def wall(finished: bool) -> dict | None:  # this invocation into the build's wall-time ledger
+        call = Invocation(
+            seconds=time.perf_counter() - started,
+            computed=counts["done"],
+            runs=len(grid.specs),
+            n_jobs="auto" if setup.n_jobs == AUTO_JOBS else str(setup.n_jobs),
+            threads=str(setup.ctx.threads or "all"),
+            finished=finished,
+        )
+        return record(ledger, grid_id, call)
+
     with tempfile.TemporaryDirectory(prefix="fedbench-board-") as tmp:
         try:
             records, path = execute_grid(grid, setup, cache, tmp, on_event=on_event, command=command)
+        except BaseException:
+            wall(finished=False)  # an interrupted build: its seconds count when it resumes
+            raise
         finally:
             if lines is not None:
                 lines.close()
         result = BoardBuild(source.board, len(records), counts, 0.0)
         bad = [r for r in records if r.status in STOP_STATUSES]
         if bad:
+            wall(finished=False)
             result.failure = (
                 f"{len(bad)} of {len(records)} runs failed or timed out (first: {bad[0].run_id} "
                 f"{bad[0]['defense']} {bad[0]['attack']}: {bad[0].get('reason')}); board not written"
             )
         else:
             try:
-                board, _entries, _changed = lb.export(load_results([path]), root, command=command)
+                board, _entries, _changed = lb.export(
+                    load_results([path]), root, command=command, wall=wall(finished=True)
+                )
                 result.folder = root / board.name
             except FedbenchError as exc:
                 result.failure = f"{exc}; board not written"
     result.seconds = time.perf_counter() - started
     return result
+
+
+def sliced_grid(source: BoardSource, grid, extra: tuple) -> tuple[BoardSource, Any]:
+    """The board's slice (`fedbench.reporting.board_slice`): its grid on the slice's seeds and victims,
+    and the board it is exported as (NAME-slice, naming NAME as what it stands for)."""
+    import dataclasses
+
+    from fedbench.reporting.board_slice import slice_name, slice_overrides
+    from fedbench.spec.grid import Overrides, build_grid
+
+    spec = grid.board.get("slice")
+    if not spec:
+        raise FedbenchError(
+            f"--slice: preset {source.preset} declares no [grid.board.slice] (seeds, victims); add one "
+            "or build the full board"
+        )
+    part = build_grid(source.path, Overrides(sets=slice_overrides(spec)), extra_dirs=extra)
+    name = slice_name(source.board)
+    title = str(grid.board.get("title") or source.board)
+    board = {**part.board, "name": name, "slice_of": source.board, "title": f"{title} (slice)"}
+    return dataclasses.replace(source, board=name), dataclasses.replace(part, board=board)
 
 
 @_command("build")
@@ -248,6 +297,16 @@ def build_cmd(
     preset_dir: PresetDirOption = None,
     plugin: PluginOption = None,
     force: Annotated[bool, force_param(FORCE_BOARD_HELP)] = False,
+    sliced: Annotated[
+        bool,
+        typer.Option(
+            "--slice",
+            help=literal(
+                "Build the board's declared slice ([grid.board.slice]: every row and the whole suite on "
+                "fewer seeds and inputs) as the board NAME-slice."
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Run each board's preset and export the board from its results (JSON entries, CSV, README).
 
@@ -266,6 +325,8 @@ def build_cmd(
       fedbench leaderboard build my-board --preset-dir my_presets --dir /tmp/boards
 
       fedbench leaderboard build my-board --preset-dir my_presets --force   # replace another's board
+
+      fedbench leaderboard build board-fedsgd --slice --n-jobs auto   # its 30-minute slice
     """
     from fedbench.cli._common import cache_dir_option, data_root_option, load_plugins
     from fedbench.cli.board_write import check_overwrite, grid_plugins
@@ -281,7 +342,10 @@ def build_cmd(
     planned = []
     for source in sources:  # every usage error (a preset, a dataset without --data-root) before any run
         grid = build_grid(source.path, extra_dirs=extra)
+        if sliced:
+            source, grid = sliced_grid(source, grid, extra)
         command = rebuild_command(source, extra, grid_plugins(grid, plugin or ()))
+        command += " --slice" if sliced else ""
         defenses = {spec.defense.label for spec in grid.specs}
         check_overwrite(root / source.board, command, defenses, force, "build into another --dir")
         planned.append((source, grid, check_grid(list(grid.specs), ctx, n_jobs), command))

@@ -180,6 +180,8 @@ def build(
             "utility_budget": float(spec["utility_budget"]),
             "threat_id": str(spec.get("threat_id") or ""),
             "knowledge": dict(spec.get("knowledge") or {}),
+            "tuning": str(spec.get("tuning") or ""),
+            "slice_of": str(spec.get("slice_of") or ""),
             "environment": compute_environment(),
         }
         if method2

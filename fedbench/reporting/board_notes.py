@@ -21,6 +21,7 @@ from fedbench.metrics.catalogue import METRICS, Metric, metric
 from fedbench.reporting.board_build import POOLED_OBSERVATION, match_reported, plugin_name, reported_records
 from fedbench.reporting.board_schema import Board
 from fedbench.reporting.board_stats import stat_cell
+from fedbench.reporting.build_wall import describe
 from fedbench.reporting.tables import HELD_OUT, IN_SAMPLE, ONLY_ATTACK, PER_INPUT, PER_SEED
 
 # --------------------------------------------------------------------------------- epsilon and audit
@@ -241,15 +242,17 @@ def _seconds(s: float) -> str:
 
 def cost_note(board: Board) -> str | None:
     """The README's line on what the board costs to build (None for boards built before it)."""
+    wall = f" {describe(board.build_wall.model_dump())}" if board.build_wall is not None else ""
     c = board.cost
     if c is None or board.build_seconds is None:
-        return None
+        return wall.strip() or None
     return (
-        f"Cost: building the board takes {_seconds(board.build_seconds)} of compute: "
+        f"Cost: building the board takes {_seconds(board.build_seconds)} of compute (CPU-seconds summed "
+        "over runs): "
         f"{c.trainings} FL trainings ({_seconds(c.utility_seconds)}; every attack and observation point "
         f"of a training reads the same run) and {c.attack_runs} attack runs ({_seconds(c.attack_seconds)}). "
         "The table's `utility_seconds` and `attack_seconds` are a configuration's mean per training and "
-        "per attack run."
+        "per attack run." + wall
     )
 
 

@@ -99,6 +99,21 @@ class BoardCost(FileModel):
     attack_runs: Annotated[int, Field(ge=0)]
 
 
+class BuildWall(FileModel):
+    """How long the board took to build on the clock (`fedbench.reporting.build_wall`): the seconds of
+    one build, summed over its invocations when it was interrupted and resumed, and how it ran."""
+
+    seconds: Annotated[float, Field(ge=0)]
+    runs: Annotated[int, Field(ge=0)]
+    computed: Annotated[int, Field(ge=0)]  # runs computed in this build (the others came from the cache)
+    from_empty: bool  # every run computed in this build: the wall time of a build from an empty cache
+    invocations: Annotated[int, Field(ge=1)]
+    n_jobs: str
+    threads: str
+    cores: Annotated[int, Field(ge=0)]
+    date: str
+
+
 class ReportedRow(FileModel):
     """A paper's own number for a configuration on the board (a `[[reported]]` row of its preset): where it
     applies, its values, and how the paper's setting differs (`conditions`, `source`, `note`)."""
@@ -190,7 +205,8 @@ class Board(FileModel):
     # optional (boards built before them load and render without them)
     threat_model: str = ""  # who the attacker is, what it sees and knows ([grid.board] threat_model)
     baseline: Baseline | None = None  # the random-image floor / chance level of the headline
-    build_seconds: float | None = None  # compute time of all the board's runs (cost.*: the parts)
+    build_seconds: float | None = None  # compute of all the board's runs, CPU-seconds summed over runs
+    build_wall: BuildWall | None = None  # the build's wall-clock time (None: built before it was kept)
     cost: BoardCost | None = None
     reported: Annotated[tuple[ReportedRow, ...], Field(strict=False)] = ()  # the papers' numbers
     failures: Annotated[tuple[FailedRuns, ...], Field(strict=False)] = ()  # runs not in the means
@@ -200,6 +216,8 @@ class Board(FileModel):
     utility_budget: float | None = None  # accuracy drop vs none (points, paired by seed) a row may cost
     threat_id: str = ""  # the SoK threat model (gradient inversion SoK, USENIX Security 2025: A-H)
     knowledge: dict[str, bool] = {}  # the attacker's knowledge switches (labels, defense, ...)
+    tuning: str = ""  # the declared rule that chose the rows' hyper-parameters ([grid.board] tuning)
+    slice_of: str = ""  # a slice (`board_slice`): the full board it stands for
     verified: VerifyStamp | None = None  # the last `fedbench leaderboard verify`
     environment: dict[str, str] = {}  # torch version and CPU capability of the build (verify compares)
     external_attacks: Annotated[tuple[ExternalAttack, ...], Field(strict=False)] = ()  # `add -a`

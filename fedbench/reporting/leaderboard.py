@@ -56,7 +56,7 @@ from fedbench.reporting.board_notes import (
     worst_attack_named,
     worst_rule,
 )
-from fedbench.reporting.board_schema import Board, Entry, parse
+from fedbench.reporting.board_schema import Board, BuildWall, Entry, parse
 from fedbench.reporting.board_stats import has_per_seed, stat_cell
 from fedbench.reporting.board_table import build_table, is_v2
 from fedbench.reporting.board_table import to_markdown as table_markdown
@@ -96,11 +96,16 @@ def export(
     board_name: str | None = None,
     where: Sequence[str] = (),
     command: str | None = None,
+    wall: dict[str, Any] | None = None,
 ) -> tuple[Board, list[dict[str, Any]], list[Path]]:
     """`build` a board from results, write its JSON files into `root` and render it (and the index):
     what `fedbench export --to leaderboard` and `fedbench leaderboard build` do. Returns the board, its
-    entries and the rendered files that changed."""
+    entries and the rendered files that changed. `wall`: the build's `BuildWall` record; without one
+    (an export, a build that computed nothing) the board keeps the record it had."""
     board, entries = build(results, board_name, where, command)
+    wall = wall or _previous_wall(Path(root) / board.name)
+    if wall:
+        board = board.model_copy(update={"build_wall": parse(BuildWall, wall, f"board {board.name}: wall")})
     write_board(root, board, entries)
     return board, entries, render(root, [board.name])
 
@@ -184,6 +189,16 @@ def load_board(folder: str | Path) -> tuple[Board, list[dict[str, Any]]]:
     if not entries:
         raise FedbenchError(f"{folder}: no entries in {ENTRIES_DIR}/")
     return board, entries
+
+
+def _previous_wall(folder: Path) -> dict[str, Any] | None:
+    """The wall-time record of the board already in `folder`, if it has a readable one."""
+    try:
+        data = json.loads((folder / BOARD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    wall = data.get("build_wall") if isinstance(data, dict) else None
+    return wall if isinstance(wall, dict) else None
 
 
 def check_board_name(root: str | Path, name: str) -> None:

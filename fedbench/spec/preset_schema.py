@@ -17,6 +17,13 @@ from fedbench.errors import SpecError
 from fedbench.spec.schema import FileModel, Loc, MetricName, Syntax, ThresholdText, dotted, expect, validate
 
 
+class SliceTable(FileModel):
+    """[grid.board.slice]: the board on fewer seeds and inputs (`fedbench.reporting.board_slice`)."""
+
+    seeds: Annotated[int, Field(ge=1)]
+    victims: Annotated[int, Field(ge=1)] | None = None  # victims per run (the inputs of a seed)
+
+
 class BoardTable(FileModel):
     """[grid.board]: what `fedbench export --to leaderboard` puts on the board (leaderboard.build)."""
 
@@ -34,6 +41,10 @@ class BoardTable(FileModel):
     utility_budget: Annotated[float, Field(ge=0)] | None = None  # accuracy drop vs none, in points
     threat_id: str | None = None  # the SoK threat model, e.g. "A (honest-but-curious server)"
     knowledge: dict[str, bool] = {}  # the attacker's knowledge switches, e.g. { labels = true }
+    # how the rows' hyper-parameters were chosen (issue 30: a small grid selected on a validation split,
+    # never on test), stated so that anyone can rerun it; the README prints it
+    tuning: str | None = None
+    slice: SliceTable | None = None  # `fedbench leaderboard build NAME --slice` builds it as NAME-slice
 
     @model_validator(mode="after")
     def _v2(self) -> BoardTable:
