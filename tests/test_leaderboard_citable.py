@@ -440,7 +440,8 @@ def test_build_seconds_count_each_training_once_plus_every_attack_run(tmp_path):
     }
     assert board.build_seconds == 18.0
     readme = lb.render_readme(board, entries)
-    assert "Cost: building the board takes 18 s of compute: 6 FL trainings (12 s;" in readme
+    cost = "Cost: building the board takes 18 s of compute (CPU-seconds summed over runs): 6 FL trainings"
+    assert f"{cost} (12 s;" in readme
     assert "12 attack runs (6 s)" in readme and "attack_seconds" in readme
     assert by_defense(entries)["none"]["metrics"]["cost"] == {"utility_seconds": 2.0, "attack_seconds": 0.5}
 
