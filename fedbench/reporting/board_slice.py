@@ -89,13 +89,13 @@ def check_slices(root: Any, names: list[str] | None = None) -> list[str]:
     whose full board is there too, each line prefixed with the slice's name."""
     from pathlib import Path
 
-    from fedbench.reporting.leaderboard import BOARD_FILE, board_names, load_board
+    from fedbench.reporting.leaderboard import board_names, load_board, raw_board_field
 
     root = Path(root)
     known = board_names(root)
     out = []
     for name in known:
-        full_name = _slice_of(root / name / BOARD_FILE)
+        full_name = str(raw_board_field(root / name, "slice_of") or "")
         if not full_name or full_name not in known:
             continue
         if names and name not in names and full_name not in names:
@@ -103,14 +103,3 @@ def check_slices(root: Any, names: list[str] | None = None) -> list[str]:
         full, part = load_board(root / full_name), load_board(root / name)
         out += [f"{name}: {line}" for line in slice_disagreements(full, part)]
     return out
-
-
-def _slice_of(path: Any) -> str:
-    """The `slice_of` of a board.json, read without validating the board (most boards are not slices)."""
-    import json
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""  # an unreadable board is `check`'s to report, not this one's
-    return str(data.get("slice_of") or "") if isinstance(data, dict) else ""

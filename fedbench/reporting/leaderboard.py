@@ -191,13 +191,19 @@ def load_board(folder: str | Path) -> tuple[Board, list[dict[str, Any]]]:
     return board, entries
 
 
-def _previous_wall(folder: Path) -> dict[str, Any] | None:
-    """The wall-time record of the board already in `folder`, if it has a readable one."""
+def raw_board_field(folder: Path, key: str) -> Any:
+    """One field of a board.json as stored, read without validating the board (None when the file or
+    the field is missing or unreadable: reporting it is `load_board`'s job)."""
     try:
-        data = json.loads((folder / BOARD_FILE).read_text(encoding="utf-8"))
+        data = json.loads((Path(folder) / BOARD_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    wall = data.get("build_wall") if isinstance(data, dict) else None
+    return data.get(key) if isinstance(data, dict) else None
+
+
+def _previous_wall(folder: Path) -> dict[str, Any] | None:
+    """The wall-time record of the board already in `folder`, if it has a readable one."""
+    wall = raw_board_field(folder, "build_wall")
     return wall if isinstance(wall, dict) else None
 
 
