@@ -62,7 +62,28 @@ def test_worst_case_is_taken_per_input_over_attacks():
     lk = worst_per_input(e, "reid")
     assert lk.inputs[0].tolist() == [1.0, 0.0, 1.0]
     assert lk.point() == pytest.approx(2 / 3)
-    assert lk.attack[0] == ["a", "a", "b"]
+    # input 1 is 0 under both: a tie credits both attacks, not the first one read
+    assert lk.attack[0] == [("a",), ("a", "b"), ("b",)]
+
+
+def test_worst_attack_column_credits_every_tied_attack():
+    """On a binary metric most inputs tie; the column must name the attacks that reach the worst case
+    most often, not the alphabetically first attack of each tie (a board once showed `cpl, dlg` as its
+    worst attacks while cpl re-identified 86 % and inverting-gradients 100 %)."""
+    from fedbench.reporting.board_table import _worst_attacks
+
+    e = _entry(
+        "none",
+        [0.9],
+        {
+            "a-first": [[1, 0, 1, 0]],
+            "b-weak": [[0, 0, 1, 0]],
+            "c-best": [[1, 1, 1, 1]],
+            "d-good": [[1, 1, 0, 1]],
+        },
+    )
+    row = rank_board([e], "reid", 5.0).rows[0]
+    assert _worst_attacks(row) == "c-best, d-good"
 
 
 def test_ranking_follows_the_method():
@@ -402,6 +423,55 @@ def test_budget_check_reruns_with_doubled_budgets_and_records_it(tiny_board, tmp
     assert "## Attack budgets" in readme and "inverting-gradients[iterations=10] multiplied by 2" in readme
     res = runner.invoke(app, [*args, "--entry", "nosuch", "--cache-dir", str(tiny_board / "cache")])
     assert res.exit_code == 2 and "--entry 'nosuch': not on board" in res.output
+
+
+def test_budget_check_ceiling_is_one_sided():
+    """A row whose every input is already re-identified cannot leak more with more budget: it is at the
+    ceiling on exactly the seeds where all its inputs are at 1.0, and only there."""
+    from fedbench.reporting import budget_check as bc
+
+    full = _entry("none", [0.9, 0.9], {"a": [[1, 1, 1], [1, 0, 1]], "b": [[0, 1, 0], [0, 0, 1]]})
+    row = rank_board([full], "reid", 5.0).rows[0]
+    check = bc.at_ceiling(row, "reid", [0])
+    assert check is not None and check.ceiling and check.passed and check.rate == check.doubled == 1.0
+    assert bc.at_ceiling(row, "reid", [0, 1]) is None  # seed 1's second input is not re-identified
+    assert bc.at_ceiling(row, "reid", [1]) is None
+    assert bc.leakage_ceiling("reid") == 1.0 and bc.leakage_ceiling("mse") == 0.0
+    record = {"date": "d", "factor": 2, "seeds": [0], "attacks": ["a"], "result": "pass"}
+    record["rows"] = [{"defense": "none", "rate": 1.0, "doubled": 1.0, "low": 1.0, "high": 1.0}]
+    record["rows"][0] |= {"passed": True, "ceiling": True}
+    assert "no attack was re-run" in bc.note(record)  # every row at the ceiling
+    record["rows"].append(
+        {"defense": "x", "rate": 0.5, "doubled": 0.5, "low": 0.4, "high": 0.6, "passed": True}
+    )
+    assert "`none` 100.0 % (at the ceiling" in bc.note(record) and "`x` 50.0 % → 50.0 %" in bc.note(record)
+
+
+def test_budget_check_does_not_rerun_rows_at_the_ceiling(tiny_board, tmp_path, monkeypatch):
+    """With every checked input of `none` re-identified, the check records the ceiling and runs
+    nothing (running would only measure the attacks' noise)."""
+    from fedbench.cli import budget_check_cmd
+
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    path = base / "boards" / "tiny-v2" / "entries" / "none.json"
+    entry = json.loads(path.read_text())
+    for seeds in entry["per_input"].values():
+        for rec in seeds.values():
+            rec["values"]["reid"] = [1.0] * len(rec["values"]["reid"])
+    path.write_text(json.dumps(entry))
+
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a row at the ceiling was re-run")
+
+    monkeypatch.setattr(budget_check_cmd, "_run_specs", no_runs)
+    args = ["leaderboard", "budget-check", "tiny-v2", "--dir", "boards", "--seeds", "1", "--entry", "none"]
+    res = runner.invoke(app, [*args, "--cache-dir", str(tmp_path / "empty-cache")])
+    assert res.exit_code == 0, res.output
+    assert "at the ceiling" in res.output
+    check = json.loads((base / "boards" / "tiny-v2" / "board.json").read_text())["budget_check"]
+    assert check["rows"][0]["ceiling"] is True and check["result"] == "pass"
+    assert "no attack was re-run" in (base / "boards" / "tiny-v2" / "README.md").read_text()
 
 
 def test_audit_stores_each_dp_rows_one_run_bound(tiny_board, tmp_path, monkeypatch):

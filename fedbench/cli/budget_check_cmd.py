@@ -53,7 +53,9 @@ def budget_check_cmd(
     their iterations on `none` and the best-ranked rows, on the cached trainings, and compare each row's
     primary rate (worst case per input, the doubled attacks in place of the originals, same seeds).
 
-    A row passes when its rate moves by less than half its published 95 % interval. The result goes
+    A row passes when its rate moves by less than half its published 95 % interval. A row whose every
+    input on those seeds is already at the metric's maximum (all re-identified) is at the ceiling: more
+    budget cannot find more, so it is recorded as such and not re-run. The result goes
     into board.json and the board's README; exit 1 when a row moved more (raise the board's budgets).
     An attack on its stall or plateau schedule (iterations = none) gets both the schedule's cap and its
     patience multiplied (`budget_scale`); one on an auto schedule that declares no budget is listed,
@@ -85,6 +87,7 @@ def budget_check_cmd(
     grid = build_grid(path, Overrides(), extra_dirs=extra)
     board_seeds = sorted({s.seed for s in grid.specs})[: seeds or None]
     specs = [s for s in grid.specs if s.seed in board_seeds]
+    ceilings = {c.defense: c for d in chosen if (c := bc.at_ceiling(by_defense[d], b.primary, board_seeds))}
     doubled, labels = bc.doubled_specs(specs, set(chosen), factor)
     auto = sorted(  # on an auto schedule that declares no budget to scale: listed, not doubled
         {
@@ -97,20 +100,29 @@ def budget_check_cmd(
     )
     if not doubled:
         raise FedbenchError(f"board {board}'s suite has no attack with an iteration budget to multiply")
-    results, records = _run_specs(
-        grid, doubled, (data_root_option(data_root), threads, n_jobs), cache_dir_option(cache_dir)
-    )
-    failed = [r for r in records if r.status != "ok"]
-    if failed:
-        raise FedbenchError(
-            f"{len(failed)} run(s) failed (first: {failed[0].get('reason')}); nothing recorded"
+    rerun = [s for s in doubled if s.defense.label not in ceilings]
+    new_by: dict[str, dict] = {}
+    if rerun:
+        results, records = _run_specs(
+            grid, rerun, (data_root_option(data_root), threads, n_jobs), cache_dir_option(cache_dir)
         )
-    _b, new = build(results, b.name, baseline=next((e for e in entries if e["defense"] == "none"), None))
-    new_by = {e["defense"]: e for e in new}
-    checks = [bc.check_row(by_defense[d], new_by[d], labels, b.primary) for d in chosen if d in new_by]
+        failed = [r for r in records if r.status != "ok"]
+        if failed:
+            raise FedbenchError(
+                f"{len(failed)} run(s) failed (first: {failed[0].get('reason')}); nothing recorded"
+            )
+        baseline = next((e for e in entries if e["defense"] == "none"), None)
+        new_by = {e["defense"]: e for e in build(results, b.name, baseline=baseline)[1]}
+    checks = [
+        ceilings[d] if d in ceilings else bc.check_row(by_defense[d], new_by[d], labels, b.primary)
+        for d in chosen
+        if d in ceilings or d in new_by
+    ]
     for c in checks:
         out.print(
-            f"{c.defense}: {100 * c.rate:.1f} % -> {100 * c.doubled:.1f} % "
+            f"{c.defense}: {100 * c.rate:.1f} % at the ceiling (every input at the maximum): not re-run"
+            if c.ceiling
+            else f"{c.defense}: {100 * c.rate:.1f} % -> {100 * c.doubled:.1f} % "
             f"(half interval {50 * (c.high - c.low):.1f} points): {'converged' if c.passed else 'MOVED'}",
             highlight=False,
         )
@@ -130,6 +142,7 @@ def budget_check_cmd(
                     "low": c.low,
                     "high": c.high,
                     "passed": c.passed,
+                    **({"ceiling": True} if c.ceiling else {}),
                 }
                 for c in checks
             ],

@@ -54,7 +54,8 @@ class Leakage:
 
     inputs: dict[int, np.ndarray] = field(default_factory=dict)
     counts: dict[int, tuple[float, float]] = field(default_factory=dict)
-    attack: dict[int, list[str]] = field(default_factory=dict)  # per input: the attack that achieved it
+    # per input: every attack that achieved it (a binary metric ties often: each tied attack is credited)
+    attack: dict[int, list[tuple[str, ...]]] = field(default_factory=dict)
     unresolved: str = ""  # why the primary is n/a (membership: too few non-members)
     operating: list[dict[str, Any]] = field(default_factory=list)  # a TPR's per-seed FPR and threshold
 
@@ -102,7 +103,7 @@ def worst_per_input(entry: dict[str, Any], name: str, keep: Keep = None) -> Leak
     it."""
     sign = metric(name).leakage_sign
     out = Leakage()
-    by_seed: dict[int, dict[tuple[Any, int], tuple[float, str]]] = {}
+    by_seed: dict[int, dict[tuple[Any, int], tuple[float, tuple[str, ...]]]] = {}
     for attack, seeds in _attacks(entry.get("per_input"), keep):
         for s, rec in seeds.items():
             values = (rec.get("values") or {}).get(name)
@@ -118,7 +119,9 @@ def worst_per_input(entry: dict[str, Any], name: str, keep: Keep = None) -> Leak
                     key = (str(victim), j)
                     known = cells.get(key)
                     if known is None or sign * v > sign * known[0]:
-                        cells[key] = (float(v), attack)
+                        cells[key] = (float(v), (attack,))
+                    elif float(v) == known[0]:
+                        cells[key] = (known[0], (*known[1], attack))
                 pos += int(count)
     for s, cells in sorted(by_seed.items()):
         keys = sorted(cells)
@@ -176,7 +179,7 @@ def _worst_counts(entry: dict[str, Any], name: str, keep: Keep = None) -> Leakag
         rec = per_attack[best][s]
         n = float(rec[f"{name}:n"])
         out.counts[s] = (round(rec[name] * n, 6), n)
-        out.attack[s] = [best]
+        out.attack[s] = [(best,)]
         out.operating.append(
             {k: rec.get(k) for k in (f"mia_fp_at_{name[len('mia_tpr_at_') :]}", "mia_n_nonmembers")}
             | {"threshold": rec.get(f"mia_threshold_at_{name[len('mia_tpr_at_') :]}")}

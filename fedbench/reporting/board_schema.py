@@ -150,6 +150,7 @@ class BudgetRow(FileModel):
     low: float
     high: float
     passed: bool
+    ceiling: bool = False  # at the metric's maximum on every input: not re-run (budget_check.at_ceiling)
 
 
 class BudgetCheck(FileModel):

@@ -103,8 +103,9 @@ def _secondary_value(entry: dict[str, Any], name: str) -> float | None:
 
 
 def _worst_attacks(row: Row) -> str:
-    """The attacks that give the per-input worst case most often (the two most frequent)."""
-    counts = Counter(a for attacks in row.leakage.attack.values() for a in attacks)
+    """The attacks that give the per-input worst case most often (the two most frequent); an input whose
+    worst case several attacks reach counts for each of them, so a tie is not credited to the first."""
+    counts = Counter(a for tied in row.leakage.attack.values() for attacks in tied for a in attacks)
     if not counts:
         return "—"
     return ", ".join(a.split("[", 1)[0] for a, _ in counts.most_common(2))
