@@ -307,6 +307,19 @@ class Defense(Plugin):
         """Whether `prepare_data` is called again for every local epoch of every round (default: once)."""
         return False
 
+    def batch_sampling(self) -> Literal["shuffle", "poisson"]:
+        """How the engine draws each local step's batch from a client's n records (asked once per run).
+
+        "shuffle" (the default, every run before issue 30): each local epoch is a seeded shuffle cut
+        into batch_size pieces, so an example is in exactly one batch per epoch. "poisson": every
+        record is in each step's batch (a "lot") independently with probability q = batch_size / n
+        (Abadi et al. 2016), the draw that amplification by subsampling accounts for; a lot varies in
+        size and may be empty. The steps per round keep the scenario's count (local_steps, or
+        local_epochs x ceil(n / batch_size)). Only for a defense with a `per_example` hook: it is
+        handed lots of any size, none included (an empty lot runs no forward pass), and divides its
+        sum by the expected size batch_size itself (dp-sgd's `sampling=poisson-records`)."""
+        return "shuffle"
+
     def loss(
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, base_loss: torch.Tensor, ctx: HookContext
     ) -> torch.Tensor:

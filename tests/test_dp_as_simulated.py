@@ -185,7 +185,9 @@ def test_fedsgd_batch_holds_an_example_with_probability_b_over_n_and_the_row_say
     scenario = Scenario.from_dict(sc)
     from fedbench.fl.seeding import SeededStreams
 
-    fake = SimpleNamespace(seed=0, device="cpu", sc=scenario, _orders=SeededStreams(0, "batches"))
+    fake = SimpleNamespace(
+        seed=0, device="cpu", sc=scenario, _orders=SeededStreams(0, "batches"), _poisson=False
+    )
     held = [0 in Simulation._batches(fake, 3, rnd, 16)[0].tolist() for rnd in range(4000)]
     assert sum(held) / len(held) == pytest.approx(4 / 16, abs=0.025)
     both = sum(a and b for a, b in zip(held, held[1:], strict=False)) / (len(held) - 1)

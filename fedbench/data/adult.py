@@ -17,6 +17,7 @@ from typing import Literal
 
 import numpy as np
 
+from fedbench.data.shipped import validation_param
 from fedbench.errors import DataError
 from fedbench.plugin import Dataset, DatasetBundle, DatasetMeta, Paper
 from fedbench.registry import register_dataset
@@ -105,23 +106,38 @@ class AdultParams:
     """Parameters of the Adult dataset."""
 
     scaling: Literal["standard", "minmax"] = param("standard", "scaling of the 5 numerics (train stats)")
+    validation: float = validation_param()
 
 
 @register_dataset("adult", "uci-adult", "census-income")
 class Adult(Dataset):
-    """UCI Adult census income (103 features, >50K task), official split, race (5) and sex (2) attributes."""
+    """UCI Adult census income (103 features, >50K task), official split, race (5) and sex (2) attributes.
+
+    `validation` > 0 holds a fixed stratified part of adult.data out (`validation_split`) and serves it
+    as the test set, for tuning; no adult.test row is then in the bundle. The numerics are then
+    scaled with the statistics of the rest of adult.data, recomputed (as a run without a validation set
+    scales with its own training set's). The one-hot columns keep the levels of both official files, so
+    the 103 columns are the same with or without a validation set.
+    """
 
     version = "1"
     paper = Paper(
         "becker1996adult", "Adult. UCI Machine Learning Repository", "https://doi.org/10.24432/C5XW20"
     )
     Params = AdultParams
+    key_optional = ("validation",)  # added later: at 0 (none) every run id stays the one it was
 
     def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
-        from fedbench.data.shipped import make_bundle
+        from fedbench.data.shipped import make_bundle, validation_split
+
+        def labels(df) -> np.ndarray:
+            return (df["income"] == ">50K").to_numpy(dtype=np.int64)
 
         train, test = _frames()
-        cats = _categories(train, test)
+        cats = _categories(train, test)  # the levels of both official files: the columns never change
+        if self.params.validation:  # the official test rows are dropped: the validation set stands in
+            keep, val = validation_split(labels(train), self.params.validation, f"dataset '{self.name}'")
+            train, test = train.iloc[keep].reset_index(drop=True), train.iloc[val].reset_index(drop=True)
 
         def encode(df) -> np.ndarray:
             parts = [df[list(NUMERIC)].to_numpy(dtype=np.float64)]
@@ -143,9 +159,6 @@ class Adult(Dataset):
         scale = np.where(scale > 1e-12, scale, 1.0)
         x_tr[:, :k] = (x_tr[:, :k] - lo) / scale
         x_te[:, :k] = (x_te[:, :k] - lo) / scale
-
-        def labels(df) -> np.ndarray:
-            return (df["income"] == ">50K").to_numpy(dtype=np.int64)
 
         def attrs(df) -> dict[str, np.ndarray]:
             race = df["race"].map({v: i for i, v in enumerate(RACES)}).to_numpy(dtype=np.int64)

@@ -10,7 +10,9 @@ resize to size x size (paper 224; default 64 for CPU memory), one channel, stand
 statistics. Task: the digit (10 classes). Sensitive attributes from the speaker metadata: `gender`
 (female/male), `native` (no/yes native speaker), `identity` = gender x native (the paper's 4-class
 attribute: male/female, native/non-native) and `accent` (the metadata's accent strings, sorted).
-Speakers are the natural client ids (groups_train). Split: fixed stratified 80/20 (paper: random 80/20).
+Speakers are the natural client ids (groups_train). Split: fixed stratified 80/20 (paper: random 80/20);
+`validation` > 0 serves a fixed part of the training split as the test set, standardised with the
+statistics of the rest (`fedbench.data.shipped.validation_split`), for tuning.
 The arrays are cached under `<cache dir>/data/` after the first decode.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedbench.data.shipped import validation_param
 from fedbench.errors import DataError
 from fedbench.plugin import Dataset, DatasetBundle, DatasetMeta, Paper
 from fedbench.registry import register_dataset
@@ -41,6 +44,7 @@ class AudioMnistParams:
     test_fraction: float = param(
         0.2, "fixed stratified test fraction (seed 0)", min=0, max=1, min_open=True, max_open=True
     )
+    validation: float = validation_param()
 
 
 def _data_dir(root: str | None) -> Path:
@@ -94,6 +98,7 @@ class AudioMnist(Dataset):
         "https://github.com/soerenab/AudioMNIST",
     )
     Params = AudioMnistParams
+    key_optional = ("validation",)  # added later: at 0 (none) every run id stays the one it was
 
     def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
         from scipy.io import wavfile
@@ -105,6 +110,7 @@ class AudioMnist(Dataset):
             load_npz,
             make_bundle,
             standardize,
+            validation_split,
         )
 
         p = self.params
@@ -148,6 +154,9 @@ class AudioMnist(Dataset):
         groups = np.asarray([ids.index(s) for s in speaker], dtype=np.int64)
         attrs = {"identity": identity, "gender": gender, "native": native, "accent": accent}
         tr, te = fixed_split(y, p.test_fraction, shuffle=True)  # stored by speaker
+        if p.validation:  # the test split is dropped: the validation set stands in (train' statistics)
+            keep, val = validation_split(y[tr], p.validation, f"dataset '{self.name}'", shuffle=True)
+            tr, te = tr[keep], tr[val]
         x_tr, x_te = standardize(x[tr].reshape(len(tr), -1), x[te].reshape(len(te), -1))
         info = DatasetMeta(
             name=self.name,

@@ -27,6 +27,8 @@ from fedbench.data.shipped import (
     fixed_split,
     load_npz,
     make_bundle,
+    validation_param,
+    validation_split,
 )
 from fedbench.errors import DataError
 from fedbench.plugin import Dataset, DatasetBundle, DatasetMeta, Paper
@@ -79,9 +81,14 @@ def _tv_datasets():
     return import_torchvision().datasets
 
 
+def _array(data: Any) -> np.ndarray:
+    """A torchvision `.data` or `.targets` (tensor, array or list) as a numpy array."""
+    return data.numpy() if hasattr(data, "numpy") else np.asarray(data)
+
+
 def _nchw01(data: Any, channels_last: bool) -> np.ndarray:
     """uint8 images ([N,H,W], [N,H,W,C] or [N,C,H,W]) -> float32 [N,C,H,W] in [0,1]."""
-    a = data.numpy() if hasattr(data, "numpy") else np.asarray(data)
+    a = _array(data)
     if a.ndim == 3:
         a = a[:, None]
     elif channels_last:
@@ -90,7 +97,7 @@ def _nchw01(data: Any, channels_last: bool) -> np.ndarray:
 
 
 def _targets(t: Any) -> np.ndarray:
-    return (t.numpy() if hasattr(t, "numpy") else np.asarray(t)).astype(np.int64)
+    return _array(t).astype(np.int64)
 
 
 def _pil_resize(path: str, size: int, crop: int | None = None) -> np.ndarray:
@@ -138,12 +145,26 @@ class TorchvisionSource:
     license: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class OfficialSplitParams:
+    """Parameters of a torchvision dataset with an official split."""
+
+    validation: float = validation_param()
+
+
 class _TorchvisionArrays(Dataset):
     """Loader shared by the torchvision datasets with numpy/tensor `.data` and official splits: a
-    subclass names its `source` and the published per-channel `mean_std` it is normalised with."""
+    subclass names its `source` and the published per-channel `mean_std` it is normalised with.
+
+    `validation` > 0 holds a fixed stratified part of the official train split out
+    (`validation_split`) and serves it as the test set, for tuning; the official test split is then not
+    read. The normalisation stays the published `mean_std`: it is no statistic of the run's data.
+    """
 
     version = "1"
     needs_root = True
+    Params = OfficialSplitParams
+    key_optional = ("validation",)  # added later: at 0 (none) every run id stays the one it was
     source: ClassVar[TorchvisionSource]
     mean_std: ClassVar[tuple[tuple[float, ...], tuple[float, ...]]]
 
@@ -161,8 +182,14 @@ class _TorchvisionArrays(Dataset):
         s = self.source
         root = _root(self.name, s.files, data_root)
         tr = self._make(root, s.split_kw[0], download)
-        te = self._make(root, s.split_kw[1], download)
         labels_attr = "labels" if hasattr(tr, "labels") and not hasattr(tr, "targets") else "targets"
+        x_tr, y_tr = _array(tr.data), _targets(getattr(tr, labels_attr))
+        if self.params.validation:  # the official test split is not read: the validation set stands in
+            keep, val = validation_split(y_tr, self.params.validation, f"dataset '{self.name}'")
+            x_tr, y_tr, x_te, y_te = x_tr[keep], y_tr[keep], x_tr[val], y_tr[val]
+        else:
+            te = self._make(root, s.split_kw[1], download)
+            x_te, y_te = _array(te.data), _targets(getattr(te, labels_attr))
         class_names = tuple(str(c) for c in getattr(tr, "classes", ()))
         if len(class_names) != s.classes:
             class_names = tuple(map(str, range(s.classes)))
@@ -177,13 +204,7 @@ class _TorchvisionArrays(Dataset):
             source=f"torchvision.datasets.{s.tv_class}",
             license=s.license,
         )
-        return make_bundle(
-            meta,
-            _nchw01(tr.data, s.channels_last),
-            _targets(getattr(tr, labels_attr)),
-            _nchw01(te.data, s.channels_last),
-            _targets(getattr(te, labels_attr)),
-        )
+        return make_bundle(meta, _nchw01(x_tr, s.channels_last), y_tr, _nchw01(x_te, s.channels_last), y_te)
 
 
 CIFAR_PAPER = Paper(
@@ -365,6 +386,7 @@ class LfwParams:
     test_fraction: float = param(
         0.25, "fixed stratified test fraction (seed 0)", min=0, max=1, min_open=True, max_open=True
     )
+    validation: float = validation_param()
 
 
 def _find_attributes(root: str) -> Path | None:
@@ -401,12 +423,15 @@ class Lfw(Dataset):
     Identities are the natural client ids (groups_train). When Kumar et al.'s lfw_attributes.txt lies
     in the root, the images that have scores get attributes race(3)/age(5)/glasses(3)/hair(4) (argmax),
     gender and smiling (score > 0), and the others are dropped; without the file there are none.
+    `validation` > 0 serves a fixed part of the training split as the test set (`validation_split`),
+    normalised with the statistics of the rest.
     """
 
     version = "2"  # 2: fixed shuffled split order (1 kept the stored order)
     needs_root = True
     paper = LFW_PAPER
     Params = LfwParams
+    key_optional = ("validation",)  # added later: at 0 (none) every run id stays the one it was
 
     def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
         p = self.params
@@ -469,6 +494,9 @@ class Lfw(Dataset):
             class_names = attr_names[p.target]
         x = _cached_images("lfw", [paths[i] for i in idx], p.size, crop=p.crop)
         tr, te = fixed_split(y, p.test_fraction, shuffle=True)  # stored by person
+        if p.validation:  # the test split is dropped: the validation set stands in (train' statistics)
+            keep, val = validation_split(y[tr], p.validation, f"dataset '{self.name}'", shuffle=True)
+            tr, te = tr[keep], tr[val]
         x01 = x.astype(np.float32) / 255.0
         meta = DatasetMeta(
             name=self.name,

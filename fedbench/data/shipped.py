@@ -4,13 +4,15 @@ plus the generated `synthetic` dataset used by tests.
 Shipped datasets have a fixed train/test split (stratified, seed 0) that does not depend on the run
 seed, so every run of a grid sees the same test set. Images are float32 [N, C, H, W] normalised with
 per-channel train mean/std stored in `meta.mean/std`; tabular features are standardised with train
-statistics. The helpers `fixed_split`, `make_bundle` and `atomic_save_npz` are shared with the
-other dataset modules.
+statistics. `validation > 0` holds a fixed part of the training split out as a validation set and
+serves it as the test set, for tuning (`validation_split`). The helpers `fixed_split`,
+`validation_split`, `make_bundle` and `atomic_save_npz` are shared with the other dataset modules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +23,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+from fedbench.errors import ParamError
 from fedbench.plugin import Dataset, DatasetBundle, DatasetMeta, Paper
 from fedbench.registry import register_dataset
 from fedbench.spec.params import param
@@ -39,16 +42,69 @@ def fixed_split(
     `test_size`) is a random sample of every class rather than the first classes only.
     Falls back to a plain shuffled split when some class has fewer than two examples.
     """
+    _, counts = np.unique(y, return_counts=True)
+    stratified = counts.min() >= 2 and round(len(y) * test_fraction) >= len(counts)
+    return _split(y, test_fraction, seed, shuffle, stratified)
+
+
+def _split(
+    y: np.ndarray, fraction: float, seed: int, shuffle: bool, stratified: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """`fixed_split` once its stratification is decided: (kept, held-out) indices into `y`."""
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(y))
-    _, counts = np.unique(y, return_counts=True)
-    stratify = y if counts.min() >= 2 and round(len(y) * test_fraction) >= len(counts) else None
-    tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=stratify)
+    stratify = y if stratified else None
+    tr, te = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
     if not shuffle:
         return np.sort(tr), np.sort(te)
     rng = np.random.default_rng([seed, 1])
     return rng.permutation(np.sort(tr)), rng.permutation(np.sort(te))
+
+
+#: Seed of the validation split (`validation_split`): fixed, independent of the run seed, and other than
+#: the test split's (0), so the validation set is not drawn like the test set was.
+VALIDATION_SEED = 1
+
+VALIDATION_HELP = (
+    "fraction of the training split held out as the validation set (fixed, stratified, seed 1); "
+    "> 0 serves it as the test set, for tuning (no run sees the real test set); 0 = none"
+)
+
+
+def validation_param() -> Any:
+    """The `validation` parameter of a dataset that can hold out a validation set: [0, 1), 0 = none.
+
+    A dataset declares it in its Params and lists it in `key_optional`, so that at 0 every run id
+    stays the one it had before the parameter existed."""
+    return param(0.0, VALIDATION_HELP, min=0, max=1, max_open=True)
+
+
+def validation_split(
+    y_train: np.ndarray, validation: float, owner: str, *, shuffle: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train', validation) indices into a training split with labels `y_train`, for `validation` > 0.
+
+    A second `fixed_split` of the training split, stratified, with `VALIDATION_SEED` (never the run
+    seed), so every tuning run sees the same validation set; `shuffle` as in `fixed_split` (a source
+    stored grouped by class keeps its fixed shuffled order, and a `train_size` prefix of train' samples
+    every class). A loader with `validation` > 0 serves train' as the training set and the validation
+    set as the test set: every utility number of a tuning run is then a validation number, and no
+    run is served the real test set. Scaling statistics computed from data are recomputed on train' (the
+    validation set is then as unseen as the test set is for a run without one).
+
+    Raises a one-line `ParamError` naming `owner` and the parameter when either side would hold fewer
+    examples than the training split has classes (a stratified split needs one per class on each side).
+    """
+    n = len(y_train)
+    classes, counts = np.unique(y_train, return_counts=True)
+    n_val = math.ceil(validation * n)  # as sklearn's train_test_split counts a float test_size
+    if min(n_val, n - n_val) < len(classes):
+        raise ParamError(
+            f"{owner}: parameter 'validation' = {validation:g} leaves {n - n_val} training and {n_val} "
+            f"validation examples of {n}; each needs at least one per class ({len(classes)})"
+        )
+    return _split(y_train, validation, VALIDATION_SEED, shuffle, bool(counts.min() >= 2))
 
 
 def channel_stats(x01: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -178,6 +234,7 @@ class SplitParams:
         min_open=True,
         max_open=True,
     )
+    validation: float = validation_param()
 
 
 DIGIT_NAMES = tuple(str(i) for i in range(10))
@@ -187,9 +244,15 @@ class FixedSplitDataset(Dataset):
     """A shipped source without an official split: `examples` gives every example, `load` holds out
     the fixed `test_fraction` (`fixed_split`) and scales with train statistics (images normalised
     per channel, tabular features standardised), so each source says only what it reads and what it is.
+
+    `validation` > 0 splits the training split once more (`validation_split`): the bundle's training
+    set is the rest of it and its test set the validation set, for tuning. The scaling statistics are
+    then those of that smaller training set, recomputed: what a run without a validation set does
+    with its own training set, so the validation set is as unseen as the test set is otherwise.
     """
 
     Params = SplitParams
+    key_optional = ("validation",)  # added later: at 0 (none) every run id stays the one it was
     modality: ClassVar[Literal["image", "tabular"]] = "image"
     num_classes: ClassVar[int]
     class_names: ClassVar[tuple[str, ...]] = ()
@@ -205,6 +268,10 @@ class FixedSplitDataset(Dataset):
     def load(self, data_root: str | None = None, download: bool = False) -> DatasetBundle:
         x, y = self.examples()
         tr, te = fixed_split(y, self.params.test_fraction, shuffle=self.shuffle)
+        if self.params.validation:  # the real test set `te` is dropped: the validation set stands in
+            owner = f"dataset '{self.name}'"
+            keep, val = validation_split(y[tr], self.params.validation, owner, shuffle=self.shuffle)
+            tr, te = tr[keep], tr[val]
         meta = DatasetMeta(
             name=self.name,
             input_shape=tuple(x.shape[1:]),

@@ -203,15 +203,29 @@ def _exposure(scenario: Scenario, train_size: int) -> Exposure:
     if scenario.protocol == "fedavg" and not scenario.local_steps:
         return Exposure(scenario.local_epochs)
     steps = 1 if scenario.protocol == "fedsgd" else scenario.local_steps
-    if scenario.partition not in ("iid", "shards") or not scenario.batch_size:
+    sizes = client_sizes(scenario, train_size)
+    if sizes is None or not scenario.batch_size:
         return Exposure(steps)  # a client may hold <= B examples (or B = all): every step is a whole epoch
-    per = scenario.shards_per_client if scenario.partition == "shards" else 1
-    n = max(1, per * (train_size // (scenario.clients * per)))  # np.array_split's smallest part
+    n = sizes[0]
     batches = math.ceil(n / scenario.batch_size)
     epochs, left = divmod(steps, batches)
     if not left:
         return Exposure(epochs)
     return Exposure(epochs, min(1.0, left * scenario.batch_size / n))
+
+
+def client_sizes(scenario: Scenario, train_size: int) -> tuple[int, int] | None:
+    """(smallest, largest) number of records a client holds, where the partition fixes them; None for
+    dirichlet and natural, whose sizes depend on the labels or groups.
+
+    iid cuts the N records into K parts and shards into K*s shards dealt s per client, both with
+    np.array_split (parts of floor or ceil of N / parts), so a client holds between
+    s * floor(N / (K s)) and s * ceil(N / (K s)) records (s = 1 for iid)."""
+    if scenario.partition not in ("iid", "shards"):
+        return None
+    per = scenario.shards_per_client if scenario.partition == "shards" else 1
+    parts = scenario.clients * per
+    return max(1, per * (train_size // parts)), per * math.ceil(train_size / parts)
 
 
 _SGM_SAMPLING = {
@@ -221,14 +235,23 @@ _SGM_SAMPLING = {
 
 
 def _account(
-    sigma: float, q: float, steps: int, delta: float, level: str, accountant: str, local_steps: int
+    sigma: float,
+    q: float,
+    steps: int,
+    delta: float,
+    level: str,
+    accountant: str,
+    local_steps: int,
+    how: str | None = None,
 ) -> Accounting:
+    """epsilon of `steps` sampled Gaussian steps at q; `how` says what the sampling is (by default the
+    paper's model of `level`, `_SGM_SAMPLING`)."""
     from fedbench.metrics.accounting import ACCOUNTANT_LABELS, epsilon, paper_steps
 
     if accountant == "paper":
         steps = paper_steps(steps, level, local_steps)  # type: ignore[arg-type]
     res = epsilon(sigma, q, steps, delta, accountant)  # type: ignore[arg-type]
-    label = f"{ACCOUNTANT_LABELS[accountant]}; {_SGM_SAMPLING[level]}"
+    label = f"{ACCOUNTANT_LABELS[accountant]}; {how or _SGM_SAMPLING[level]}"
     return Accounting(res.epsilon, delta, level, label, sigma, q, steps)  # type: ignore[arg-type]
 
 
@@ -410,27 +433,41 @@ class _PerExampleDP(Defense):
             return None
         return {k: _factors_from_norms(n, bound) for k, n in norms.items()}
 
-    def clipped_means(self, grads: Any, bound: float) -> dict[str, Any]:
-        """{name: (1/B) sum_i c_i g_i}: the mean of the clipped per-example gradients.
+    def clipped_sums(self, grads: Any, bound: float) -> dict[str, Any]:
+        """{name: sum_i c_i g_i}: the sum of the clipped per-example gradients (`per_example` divides it).
 
         `per_example=ghost` (the default) computes it from per-example norms and activations
         (`fedbench.fl.ghost`) where the model and the clipping rule allow, without the [B, ...]
         gradients; otherwise (and with `per_example=materialise`, and for a plain dict such as the
-        `example` observation's one gradient) from the per-example gradients.
+        `example` observation's one gradient) from the per-example gradients. An empty batch (a
+        Poisson lot may be one) sums to zeros, with no forward pass.
         """
         import torch
 
         from fedbench.fl.per_example import PerExampleGrads
 
+        if not _batch_size(grads):
+            return {k: g.sum(0) for k, g in grads.items()}
         if self.params.per_example == "ghost" and isinstance(grads, PerExampleGrads):
             ghost = grads.ghost()
             factors = self.norm_factors(ghost.norms(), bound) if ghost is not None else None
             if factors is not None:
-                return ghost.weighted_mean(factors)
+                return ghost.weighted_sum(factors)
             self._say_fallback(grads.ghost_problem or f"{self.name} clips by a rule that needs the gradients")
         factors = self.example_factors(grads, bound)
-        # the mean of the clipped examples, without materialising them
-        return {k: torch.tensordot(factors[k].to(g.dtype), g, dims=1) / g.shape[0] for k, g in grads.items()}
+        # the sum of the clipped examples, without materialising them
+        return {k: torch.tensordot(factors[k].to(g.dtype), g, dims=1) for k, g in grads.items()}
+
+    def clipped_means(self, grads: Any, bound: float) -> dict[str, Any]:
+        """{name: (1/B) sum_i c_i g_i}: the mean of the clipped per-example gradients (`clipped_sums` / B)."""
+        batch = _batch_size(grads)
+        return {k: s / batch for k, s in self.clipped_sums(grads, bound).items()}
+
+    def lot_size(self, batch: int, scenario: Scenario) -> int:
+        """What the clipped sum (and the `batch` noise) is divided by: the batch's own size B, so the
+        step is the mean of the clipped gradients (Fed-CDP, dp-sgd's shuffled batches); dp-sgd's
+        Poisson lots divide by their expected size instead."""
+        return batch
 
     def _say_fallback(self, why: str) -> None:
         """Warn (once per defense) that `per_example=ghost` uses the per-example gradients, and why."""
@@ -442,14 +479,16 @@ class _PerExampleDP(Defense):
             )
 
     def per_example(self, grads, ctx: HookContext):
-        from fedbench.fl.per_example import PerExampleGrads
-
+        """(sum of the clipped per-example gradients + noise) / `lot_size`: with the batch's own size,
+        the clipped mean plus N(0, (sigma C / B)^2) (`batch`) or N(0, sigma^2 C^2 / B) (`example`)."""
         p = self.params
         bound = self.clip_at(ctx)
-        batch = grads.batch if isinstance(grads, PerExampleGrads) else next(iter(grads.values())).shape[0]
-        std = self.sigma_for(ctx.scenario) * bound / (math.sqrt(batch) if p.noise == "example" else batch)
-        means = self.clipped_means(grads, bound)
-        return {k: mean + _gaussian_like(mean, std, ctx.generator) for k, mean in means.items()}
+        batch = _batch_size(grads)
+        lot = self.lot_size(batch, ctx.scenario)
+        std = self.sigma_for(ctx.scenario) * bound / (math.sqrt(batch) if p.noise == "example" else lot)
+        sums = self.clipped_sums(grads, bound)
+        # divided last, as the mean of the clipped gradients always was (the same bits at lot = batch)
+        return {k: s / lot + _gaussian_like(s, std, ctx.generator) for k, s in sums.items()}
 
     def sampling(self, scenario: Scenario, train_size: int) -> tuple[float, int, int]:
         """(q, steps, local steps): example sampling rate B*K_t/N (or `sample_rate`) and T*L steps."""
@@ -478,6 +517,14 @@ class _PerExampleDP(Defense):
             )
         q, steps, local = self.sampling(scenario, train_size)
         return _account(sigma, q, steps, p.delta, "example", p.accountant, local)
+
+
+def _batch_size(grads: Any) -> int:
+    """B of per-example gradients: a `PerExampleGrads`' batch (read without computing them), or the
+    first dimension of a plain dict's tensors."""
+    from fedbench.fl.per_example import PerExampleGrads
+
+    return grads.batch if isinstance(grads, PerExampleGrads) else next(iter(grads.values())).shape[0]
 
 
 _NOISE_HELP = "example: N(0, sigma^2 C^2) per example (Algorithm 2); batch: once per batch (Abadi)"

@@ -685,17 +685,22 @@ def check_timeout(timeout: float | None, n_jobs: int = 1) -> float | None:
 
 
 def preflight(specs: list[RunSpec], ctx: RunContext) -> None:
-    """Fail before any run when a dataset needs a --data-root that is missing.
+    """Fail before any run when a dataset needs a --data-root that is missing, or when its `validation`
+    split would leave a side without an example per class (a size only the loaded data tells).
 
-    Datasets that read from a root are loaded here (once; the load is memoised for the runs).
-    Shipped datasets are loaded only when a run actually computes, so a cached re-run stays fast.
+    Datasets that read from a root, and datasets asked for a validation split, are loaded here (once;
+    the load is memoised for the runs). Other shipped datasets are loaded only when a run actually
+    computes, so a cached re-run stays fast.
     """
     from fedbench.registry import datasets
 
     seen = set()
     for spec in specs:
         key = (spec.dataset.name, canonical_json(spec.dataset.params_dict))
-        if key not in seen and getattr(datasets.get(spec.dataset.name), "needs_root", False):
+        if key in seen:
+            continue
+        root = getattr(datasets.get(spec.dataset.name), "needs_root", False)
+        if root or spec.dataset.params_dict.get("validation"):
             seen.add(key)
             _load(spec, ctx)
 

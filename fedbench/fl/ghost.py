@@ -94,7 +94,7 @@ class _Layer:
     """One covered layer of the forward pass: its input `a` and per-example output gradients `g`.
 
     `weight`/`bias` are the parameter names (None when frozen or absent). Subclasses give the
-    per-example weight-gradient norms and the clip-weighted mean (1/B) sum_i c_i G_i.
+    per-example weight-gradient norms and the clip-weighted sum, sum_i c_i G_i.
     """
 
     module: nn.Module
@@ -110,7 +110,7 @@ class _Layer:
     def weight_norms(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def weight_mean(self, c: torch.Tensor) -> torch.Tensor:
+    def weight_sum(self, c: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def bias_grads(self) -> torch.Tensor:
@@ -138,16 +138,16 @@ class _Linear(_Layer):
     def bias_grads(self) -> torch.Tensor:
         return self.g if self.g.dim() == 2 else self.g.sum(1)
 
-    def weight_mean(self, c: torch.Tensor) -> torch.Tensor:
+    def weight_sum(self, c: torch.Tensor) -> torch.Tensor:
         a, g = self.a, self.g
         if self.full is not None:
-            return torch.tensordot(c, self.full, dims=1) / len(a)
+            return torch.tensordot(c, self.full, dims=1)
         if a.dim() == 2:
-            return (g * c[:, None]).t() @ a / len(a)
+            return (g * c[:, None]).t() @ a
         gc = (g * c[:, None, None]).reshape(
             -1, g.shape[2]
         )  # [B*T, p]: one product over examples and positions
-        return gc.t() @ a.reshape(-1, a.shape[2]) / len(a)
+        return gc.t() @ a.reshape(-1, a.shape[2])
 
 
 #: Per-example conv weight gradients run as B groups; with 2..16 input channels per group torch's CPU
@@ -206,20 +206,21 @@ class _Conv2d(_Layer):
     def bias_grads(self) -> torch.Tensor:
         return self.g.flatten(2).sum(2)
 
-    def weight_mean(self, c: torch.Tensor) -> torch.Tensor:
-        b, shape = len(self.a), self.module.weight.shape
+    def weight_sum(self, c: torch.Tensor) -> torch.Tensor:
+        shape = self.module.weight.shape
         if self.full is not None:
-            return (torch.tensordot(c, self.full, dims=1) / b).view(shape)
+            return torch.tensordot(c, self.full, dims=1).view(shape)
         gc = (self.g.flatten(2) * c[:, None, None]).transpose(0, 1).reshape(shape[0], -1)  # [p, B*T]
-        return (gc @ self.patches.transpose(1, 2).reshape(-1, self.patches.shape[1]) / b).view(shape)
+        return (gc @ self.patches.transpose(1, 2).reshape(-1, self.patches.shape[1])).view(shape)
 
 
 class GhostBatch:
-    """Per-example gradient norms and clip-weighted means of one batch, from one forward and backward.
+    """Per-example gradient norms and clip-weighted sums of one batch, from one forward and backward.
 
     `norms()` gives {name: [B]} per-example L2 norms of every trainable parameter tensor (in the
-    model's parameter order); `weighted_mean(factors)` gives {name: (1/B) sum_i c_i G_i} for factors
-    {name: [B]}; `loss` is the batch loss of the forward pass (detached).
+    model's parameter order); `weighted_sum(factors)` gives {name: sum_i c_i G_i} for factors
+    {name: [B]}, and `weighted_mean(factors)` that sum / B; `loss` is the batch loss of the forward
+    pass (detached).
     """
 
     def __init__(self, layers: list[_Layer], names: list[str], loss: torch.Tensor, batch: int):
@@ -240,17 +241,21 @@ class GhostBatch:
             self._norms = {n: found[n] for n in self.names}
         return self._norms
 
-    def weighted_mean(self, factors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def weighted_sum(self, factors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         self.norms()  # each layer's way (Gram matrices or per-example gradients) is chosen there
         found = {}
         for layer in self._layers:
             if layer.weight is not None:
                 c = factors[layer.weight].to(layer.g.dtype)
-                found[layer.weight] = layer.weight_mean(c).view(layer.module.weight.shape)
+                found[layer.weight] = layer.weight_sum(c).view(layer.module.weight.shape)
             if layer.bias is not None:
                 c = factors[layer.bias].to(layer.g.dtype)
-                found[layer.bias] = c @ layer.bias_grads() / self.batch
+                found[layer.bias] = c @ layer.bias_grads()
         return {n: found[n] for n in self.names}
+
+    def weighted_mean(self, factors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`weighted_sum` / B: the sum divided last, as a mean over the batch always was (same bits)."""
+        return {n: s / self.batch for n, s in self.weighted_sum(factors).items()}
 
 
 def ghost_batch(

@@ -79,10 +79,16 @@ class PerExampleGrads(Mapping):
         return self._grads is not None
 
     def materialise(self) -> dict[str, torch.Tensor]:
-        """The per-example gradients as a plain dict (computed on the first call)."""
+        """The per-example gradients as a plain dict (computed on the first call). Those of an empty
+        batch (a Poisson lot may be one) are [0, *param.shape] zeros: no model takes zero examples."""
         if self._grads is None:
             self._check_weights()
-            self._grads = vmap_per_example_grads(self.model, self.x, self.y, self.loss_fn, self.chunk_size)
+            if not self.batch:
+                self._grads = {n: p.detach().new_zeros((0, *p.shape)) for n, p in self._params}
+            else:
+                self._grads = vmap_per_example_grads(
+                    self.model, self.x, self.y, self.loss_fn, self.chunk_size
+                )
         return self._grads
 
     def ghost(self) -> GhostBatch | None:

@@ -11,6 +11,11 @@ Protocols (the message a client shares):
 - fedavg: local SGD for local_steps (or local_epochs over the local data), the shared message is the
   weight delta w_end - w_start; the server applies w <- w + server_lr * weighted_mean(deltas).
 With one local step on the same batch and server_lr 1 the two give the same model (tested).
+A local step's batch is a piece of the epoch's seeded shuffle (`_batches`), unless the defense asks
+for Poisson lots (`Defense.batch_sampling`, dp-sgd's `sampling=poisson-records`, issue 30): then each
+step holds every record of the client independently with probability batch_size / n (`_lots`), a lot
+may be empty (it runs no forward pass; the defense's `per_example` hook adds its noise to a zero sum),
+and a step's loss is the lot loss (1 / batch_size) x the sum of its records' losses (`_lot_loss`).
 Clients are weighted by their number of examples; buffers (BatchNorm statistics) are averaged.
 
 Observation points and the leakage types of Fed-CDP (spec 002 §1). Every defense hook that acts on a
@@ -419,6 +424,14 @@ class Simulation:
         self._client_draw: dict[int, tuple[int, int, int]] = {}  # client -> (round, epoch, rows per draw)
         self._observed_draws: dict[int, tuple[Any, Any]] = {}  # client -> (data, source) of its watched round
         self._needs_per_example = defense.implements("per_example")
+        # Poisson lots instead of shuffled batches (`Defense.batch_sampling`, asked once): the defense's
+        # `per_example` hook normalises a lot's sum by its expected size, which a plain step cannot
+        self._poisson = defense.batch_sampling() == "poisson"
+        if self._poisson and not self._needs_per_example:
+            raise FedbenchError(
+                f"defense '{defense.name}' asks for Poisson lots (batch_sampling) without a per_example "
+                "hook: only a per_example hook can normalise a lot's sum by its expected size"
+            )
         # the hooks of a local step that are handed its context
         self._step_hooks = any(defense.implements(h) for h in ("loss", "per_example", "step"))
         # Without `aggregate` and `prepare_data` hooks every client's weight (its number of examples) is
@@ -584,13 +597,54 @@ class Simulation:
         return dataclasses.replace(obs, rows=tuple(rows), x_private=private)
 
     def _batches(self, client: int, rnd: int, n: int, epoch: int = 0) -> list[torch.Tensor]:
-        """Index batches of one client's epoch: a seeded shuffle cut into batch_size pieces.
+        """Index batches of one client's epoch: a seeded shuffle cut into batch_size pieces, or the
+        epoch's Poisson lots (`_lots`) when the defense asks for them.
 
         The shuffle is `numpy_rng(seed, "batches", rnd, client, epoch).permutation(n)`, from the
         streams the round's announcement seeded together (`_announce`), bit for bit the same."""
-        order = torch.from_numpy(self._orders.rng(rnd, client, epoch).permutation(n)).to(self.device)
+        rng = self._orders.rng(rnd, client, epoch)
+        if self._poisson:
+            return self._lots(rng, n)
+        order = torch.from_numpy(rng.permutation(n)).to(self.device)
         bs = self.sc.batch_size or n
         return [order[i : i + bs] for i in range(0, n, bs)]
+
+    def _lots(self, rng: np.random.Generator, n: int) -> list[torch.Tensor]:
+        """The Poisson lots of one client's epoch: ceil(n / B) steps, each holding every one of the n
+        records independently with probability q = B / n (B = batch_size, the expected lot size), in
+        row order; a lot may be empty.
+
+        Drawn from the epoch's stream of `_batches` (which the shuffle would have used), one uniform
+        draw per record and lot, so the lots are a pure function of (seed, round, client, epoch) and
+        the step's place in the epoch. n draws per step cost little beside the step's per-example
+        gradients."""
+        bs = self.sc.batch_size
+        if not 0 < bs <= n:
+            raise FedbenchError(
+                f"Poisson lots of expected size batch_size={bs} need 0 < batch_size <= a client's records "
+                f"(a client holds {n}): lower batch_size or the number of clients"
+            )
+        q = bs / n
+        lots = [np.flatnonzero(rng.random(n) < q) for _ in range(math.ceil(n / bs))]
+        return [torch.from_numpy(lot).to(self.device) for lot in lots]
+
+    def _lot_loss(self, examples: Any) -> float:
+        """A Poisson lot's loss, (1 / B) x the sum of its records' losses with B the expected lot size:
+        the loss whose gradient the defense's normalised lot sum clips (Abadi et al.'s lot), an unbiased
+        estimate of the client's mean loss, and 0 for an empty lot, which runs no forward pass (models
+        cannot take zero examples)."""
+        if not examples.batch:
+            return 0.0
+        return examples.batch_loss() * examples.batch / self.sc.batch_size
+
+    def _require_records(self, rows: torch.Tensor, point: str, client: int, rnd: int) -> None:
+        """Fail the run when an observation would hold no record: only Poisson lots can be empty, and
+        an attacker reading one sees noise alone, which no metric can score."""
+        if self._poisson and not len(rows):
+            raise RunFailure(
+                f"the '{point}' observation of client {client} in round {rnd} holds no record (the Poisson "
+                "lots it reads are empty): use another seed or a larger batch_size"
+            )
 
     def _participants(self, rnd: int) -> list[int]:
         k = self.sc.clients
@@ -642,7 +696,8 @@ class Simulation:
             examples = per_example_grads(self.model, x, y, self.loss_fn)
         if self._needs_per_example:
             grad = self.defense.per_example(examples, ctx)
-            loss = examples.batch_loss()  # the ghost path's own forward, else the same no-grad forward
+            # a Poisson lot's loss, else the batch mean (the ghost path's forward or the same no-grad one)
+            loss = self._lot_loss(examples) if self._poisson else examples.batch_loss()
         else:
             out = self.model(x)
             loss_t = self.loss_fn(out, y)
@@ -760,6 +815,8 @@ class Simulation:
                 seen.append(idx + epoch * n if self._per_epoch else idx)  # rows of the round's draws
             ctx = self._ctx(rnd, client, step, "step", xb, yb) if self._step_hooks else None
             want_example = watching and obs.point == "example" and step == 0
+            if watching and step == 0 and obs.point in ("example", "step"):
+                self._require_records(idx, obs.point, client, rnd)
             grad, loss, examples = self._gradient(xb, yb, ctx, want_example, rnd, client)
             if want_example:
                 x1, y1 = x[take[:1]], y[take[:1]]
@@ -803,6 +860,7 @@ class Simulation:
             _check_finite(shared, f"of client {client}'s update in round {rnd}")
         if t.watching and obs.point in ("update", "server"):
             used = torch.unique(torch.cat(t.seen))
+            self._require_records(used, obs.point, client, rnd)
             # every epoch's draw when the defense redraws per epoch
             xr, yr = self._client_data[client] if t.rows is None else self.client_data(client)
             kind = "gradient" if self.sc.protocol == "fedsgd" else "delta"
