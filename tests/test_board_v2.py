@@ -474,6 +474,35 @@ def test_budget_check_does_not_rerun_rows_at_the_ceiling(tiny_board, tmp_path, m
     assert "no attack was re-run" in (base / "boards" / "tiny-v2" / "README.md").read_text()
 
 
+def test_describe_refreshes_the_words_and_refuses_what_moves_numbers(tiny_board, tmp_path, monkeypatch):
+    """`leaderboard describe`: a new tuning rule or threat model in the preset reaches board.json and
+    the README without a run; a changed utility budget is refused (exit 2, nothing written)."""
+    base = _copy(tiny_board, tmp_path)
+    monkeypatch.chdir(base)
+    folder = base / "boards" / "tiny-v2"
+    args = ["leaderboard", "describe", "tiny-v2", "--dir", "boards", "--preset-dir", "presets"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "already" in res.output, res.output
+    preset = base / "presets" / "tiny-v2.toml"
+    text = preset.read_text()
+    preset.write_text(
+        text.replace('tuning = "none: every row at its paper\'s default"', 'tuning = "clip by sweep X"')
+    )
+    entries = {p.name: p.read_text() for p in (folder / "entries").glob("*.json")}
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "tuning refreshed" in res.output, res.output
+    assert json.loads((folder / "board.json").read_text())["tuning"] == "clip by sweep X"
+    assert "Tuning rule: clip by sweep X" in (folder / "README.md").read_text()
+    assert {p.name: p.read_text() for p in (folder / "entries").glob("*.json")} == entries
+    before = (folder / "board.json").read_text()
+    preset.write_text(preset.read_text().replace("utility_budget = 60", "utility_budget = 5"))
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "utility_budget" in res.output and "rebuild" in res.output, res.output
+    assert (folder / "board.json").read_text() == before
+    res = runner.invoke(app, ["leaderboard", "describe", "no-such", "--dir", "boards"])
+    assert res.exit_code == 2 and "no-such" in res.output
+
+
 def test_audit_stores_each_dp_rows_one_run_bound(tiny_board, tmp_path, monkeypatch):
     """`leaderboard audit` (issue 28): a board without a DP row is a usage error; with one (added by
     `add -D`), its one-run bound, the method and the formal epsilon go into its entry and the README."""

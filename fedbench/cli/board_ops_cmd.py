@@ -1,6 +1,7 @@
-"""`fedbench leaderboard verify|add`: re-run a sample of a board's runs and check the numbers they
-feed; put one new defense configuration on a board without touching any other entry
-(`fedbench.reporting.board_verify`)."""
+"""`fedbench leaderboard verify|add|describe`: re-run a sample of a board's runs and check the numbers
+they feed; put one new defense configuration on a board without touching any other entry
+(`fedbench.reporting.board_verify`); refresh a board's descriptive text from its preset
+(`fedbench.reporting.board_describe`)."""
 
 from __future__ import annotations
 
@@ -379,3 +380,37 @@ def _add_attacks(root, b, entries, grid, plugin, ctx_args, cache_dir) -> None:
         + ", ".join(e["defense"] for e in changed),
         highlight=False,
     )
+
+
+@_command("describe")
+def describe_cmd(
+    board: BoardArgument,
+    root: DirOption = Path("leaderboards"),
+    preset_dir: PresetDirOption = None,
+    plugin: PluginOption = None,
+) -> None:
+    """Refresh a board's descriptive text (title, description, threat model, knowledge, tuning rule,
+    substitution) from its preset, without re-running anything, and re-render it.
+
+    Exit 2 when the preset changed what decides the numbers (primary, utility_budget, headline):
+    those need `fedbench leaderboard build`.
+
+    Examples:
+
+      fedbench leaderboard describe inversion-fedsgd-mnist5k-mlp
+    """
+    from fedbench.reporting import leaderboard as lb
+    from fedbench.reporting.board_describe import described
+    from fedbench.spec.grid import Overrides, build_grid
+
+    lb.check_board_name(root, board)
+    current, _entries = lb.load_board(root / board)
+    path, extra = _board_grid(current, preset_dir, plugin)
+    grid = build_grid(path, Overrides(), extra_dirs=extra)
+    new, changed = described(current, grid)
+    if not changed:
+        out.print(f"{board}: its description is the preset's already", highlight=False)
+        return
+    lb.write_board_file(root, new)
+    lb.render(root, [board])
+    out.print(f"{board}: {', '.join(changed)} refreshed from {path.name}", highlight=False)
