@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fedbench.attacks._references import ReferenceAttack, ReferenceParams
-from fedbench.attacks.lira import LIRA_PAPER, SIGMA_FLOOR
+from fedbench.attacks.lira import LIRA_PAPER, masked_gaussian
 from fedbench.registry import register_attack
 from fedbench.spec.params import param
 
@@ -68,25 +68,6 @@ def _arrays(phi_target, phi_ref, is_in) -> tuple[np.ndarray, np.ndarray, np.ndar
     return target, ref, inn
 
 
-def masked_gaussian(
-    ref: np.ndarray, mask: np.ndarray, side: str, fixed_variance: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-example mean and standard deviation of the (K, n) `ref` values where `mask` is True.
-
-    Values outside the mask are dropped (`np.where`), not weighted by 0, so a non-finite value there
-    cannot leak in. Standard deviations per example (ddof=1) or, with `fixed_variance`, the root of the
-    mean per-example variance; floored at `SIGMA_FLOOR`."""
-    import numpy as np
-
-    count = mask.sum(axis=0)
-    if count.min() < 2:
-        raise ValueError(f"LiRA needs at least 2 {side} reference values per example")
-    mu = np.where(mask, ref, 0.0).sum(axis=0) / count
-    var = np.where(mask, (ref - mu) ** 2, 0.0).sum(axis=0) / (count - 1)
-    sigma = np.sqrt(var.mean()) if fixed_variance else np.sqrt(var)
-    return mu, np.maximum(sigma, SIGMA_FLOOR)
-
-
 def lira_online_scores(phi_target, phi_ref, is_in, fixed_variance: bool = True) -> np.ndarray:
     """Online LiRA scores: log N(phi; mu_in, s_in^2) - log N(phi; mu_out, s_out^2) per example.
 
@@ -97,8 +78,8 @@ def lira_online_scores(phi_target, phi_ref, is_in, fixed_variance: bool = True) 
     from scipy.stats import norm
 
     target, ref, inn = _arrays(phi_target, phi_ref, is_in)
-    mu_in, s_in = masked_gaussian(ref, inn, "IN", fixed_variance)
-    mu_out, s_out = masked_gaussian(ref, ~inn, "OUT", fixed_variance)
+    mu_in, s_in = masked_gaussian(ref, inn, fixed_variance, "IN ")
+    mu_out, s_out = masked_gaussian(ref, ~inn, fixed_variance, "OUT ")
     return norm.logpdf(target, mu_in, s_in) - norm.logpdf(target, mu_out, s_out)
 
 
@@ -110,7 +91,7 @@ def lira_offline_scores(phi_target, phi_ref, is_in, fixed_variance: bool = True)
     score is the one-sided test's `mia-lira` score, in the same order (module docstring, 4').
     """
     target, ref, inn = _arrays(phi_target, phi_ref, is_in)
-    mu_out, s_out = masked_gaussian(ref, ~inn, "OUT", fixed_variance)
+    mu_out, s_out = masked_gaussian(ref, ~inn, fixed_variance, "OUT ")
     return (target - mu_out) / s_out
 
 
