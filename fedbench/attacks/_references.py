@@ -20,7 +20,12 @@ What a reference trains on (one per reference k = 0..K-1):
   of them and none outgrows the target's training set; reference k trains on its IN candidates topped
   up with the attacker's own data to `size` examples.
 `size` defaults to the target's training-set size (every client's examples), so a reference's clients
-hold as many examples as the target's.
+hold as many examples as the target's. Where the whole pool is queried (issue 30: mnist5k at
+test_fraction 0.5, 2,500 members and 2,500 non-members, all candidates) the halves alone are the
+target's size: the references are the LiRA paper's models on random halves of the pool, and
+`mia-lira-online mode=offline` scores each candidate against its OUT half only. A size the candidates
+and the attacker's data cannot give exactly fails in one line naming `reference_size`
+(`_references_core.check_fill`).
 A reference starts from the target's architecture re-initialised by its modules' `reset_parameters`
 (as `mia-lira`'s do). An FL reference that diverges (a noisy protocol, a non-finite loss) is stored as
 diverged and redrawn with its next seed, up to 3 draws (`references_diverged` counts them).

@@ -157,6 +157,32 @@ def _train_central(
     }
 
 
+def check_fill(size: int, held: np.ndarray, own: int, requested: int) -> None:
+    """Refuse reference sizes the data cannot give, in one line naming `reference_size`.
+
+    Reference k trains on its `held[k]` queried candidates topped up with `size - held[k]` of the
+    attacker's `own` examples, so every reference is exactly `size` only if the one holding the fewest
+    candidates can be filled (an odd candidate count gives the two of a pair n // 2 and n - n // 2) and
+    the one holding the most does not already exceed it. Where the whole pool is queried (mnist5k at
+    test_fraction 0.5: 2,500 members, 2,500 non-members) the online halves alone fill the target's
+    size and no own record is needed; where RMIA's population samples share the pool, they do not.
+    """
+    least = int(held.min()) if len(held) else 0
+    most = int(held.max()) if len(held) else 0
+    what = f"reference_size = {requested}" if requested else f"reference_size = 0 (the target's {size})"
+    if most > size:
+        raise FedbenchError(
+            f"{what}: online references each train on up to {most} queried candidates, more than "
+            f"{size}; raise reference_size to >= {most} or lower max_pairs"
+        )
+    if own < size - least:
+        raise FedbenchError(
+            f"{what}: {own} attacker examples cannot fill references of {size} (each holds {least} "
+            f"queried candidates and needs {size - least} more); set reference_size <= {least + own}, "
+            "or lower max_pairs, population or scenario.train_size (the attacker's data is the rest)"
+        )
+
+
 def train_references(
     p: ReferenceParams,
     arch: nn.Module,
@@ -176,12 +202,7 @@ def train_references(
     size = p.reference_size or target_train_size(data)
     rng = np.random.default_rng([p.reference_seed, k if online else 0])
     is_in = balanced_in(k, len(y_c), rng) if online else np.zeros((k, len(y_c)), dtype=bool)
-    most_in = int(is_in.sum(axis=1).max()) if online else 0
-    if len(y_own) < size - most_in:
-        raise FedbenchError(
-            f"{len(y_own)} attacker examples cannot fill references of {size}; lower reference_size "
-            "or scenario.train_size (training examples beyond it are the attacker's)"
-        )
+    check_fill(size, is_in.sum(axis=1), len(y_own), p.reference_size)
     if p.references == "fl" and defense is None:
         raise RunFailure("references=fl: the runner bound no defense to copy (bind_defense)")
     arch_key = repr(arch) + str([(n, tuple(t.shape)) for n, t in arch.state_dict().items()])

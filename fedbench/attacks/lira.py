@@ -89,6 +89,26 @@ def model_phi(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device, batch:
     return np.concatenate(out) if out else np.zeros(0)
 
 
+def masked_gaussian(
+    ref: np.ndarray, mask: np.ndarray, fixed_variance: bool, side: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example mean and standard deviation of the (K, n) `ref` values where `mask` is True (`side`,
+    "IN " or "OUT ", names them in the error).
+
+    Values outside the mask are dropped (`np.where`), not weighted by 0, so a non-finite value there
+    cannot leak in. Standard deviations per example (ddof=1) or, with `fixed_variance`, the root of the
+    mean per-example variance; floored at `SIGMA_FLOOR`."""
+    import numpy as np
+
+    count = mask.sum(axis=0)
+    if count.min() < 2:
+        raise ValueError(f"LiRA needs at least 2 {side}reference values per example to fit a Gaussian")
+    mu = np.where(mask, ref, 0.0).sum(axis=0) / count
+    var = np.where(mask, (ref - mu) ** 2, 0.0).sum(axis=0) / (count - 1)
+    sigma = np.sqrt(var.mean()) if fixed_variance else np.sqrt(var)
+    return mu, np.maximum(sigma, SIGMA_FLOOR)
+
+
 def lira_scores(phi_target, phi_ref, fixed_variance: bool = True) -> np.ndarray:
     """Offline LiRA scores: Phi((phi_target - mu_out) / sigma_out) per example.
 
@@ -103,12 +123,8 @@ def lira_scores(phi_target, phi_ref, fixed_variance: bool = True) -> np.ndarray:
     ref = np.asarray(phi_ref, dtype=np.float64)
     if ref.ndim != 2 or ref.shape[1] != target.shape[0]:
         raise ValueError(f"phi_ref must be (K, {target.shape[0]}), got {ref.shape}")
-    if ref.shape[0] < 2:
-        raise ValueError("LiRA needs at least 2 reference values per example to fit a Gaussian")
-    mu = ref.mean(axis=0)
-    var = ref.var(axis=0, ddof=1)
-    sigma = np.sqrt(var.mean()) if fixed_variance else np.sqrt(var)
-    return norm.cdf((target - mu) / np.maximum(sigma, SIGMA_FLOOR))
+    mu, sigma = masked_gaussian(ref, np.ones(ref.shape, dtype=bool), fixed_variance)
+    return norm.cdf((target - mu) / sigma)
 
 
 def reference_phis(
