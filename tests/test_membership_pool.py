@@ -118,3 +118,26 @@ def test_references_that_cannot_be_filled_fail_in_one_line_naming_reference_size
 def test_validate_accepts_the_membership_presets(preset):
     res = CliRunner().invoke(app, ["validate", preset], catch_exceptions=False)
     assert res.exit_code == 0 and "valid" in res.output, res.output
+
+
+def test_reference_halves_do_not_depend_on_the_candidates_order():
+    """The references are the attacker's: the same candidates shuffled by another target seed must give
+    the same training sets (so one set of trained references serves every seed), and `is_in` must still
+    say, in the run's own order, which reference holds which candidate."""
+    import numpy as np
+    import torch
+
+    from fedbench.attacks._references_core import assign_halves
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(40, 1, 4, 4, generator=gen), torch.randint(0, 3, (40,), generator=gen)
+    perm = torch.randperm(40, generator=gen)
+    is_in, picks = assign_halves(4, x, y, np.random.default_rng(7), online=True)
+    is_in_p, picks_p = assign_halves(4, x[perm], y[perm], np.random.default_rng(7), online=True)
+    for j in range(4):
+        assert torch.equal(x[picks[j]], x[perm][picks_p[j]])  # the same examples, in the same order
+        assert set(np.nonzero(is_in[j])[0]) == set(picks[j].tolist())
+        assert set(perm[np.nonzero(is_in_p[j])[0]].tolist()) == set(np.nonzero(is_in[j])[0].tolist())
+    assert (is_in.sum(axis=0) == 2).all()  # each candidate IN for exactly half of the 4
+    off, none = assign_halves(4, x, y, np.random.default_rng(7), online=False)
+    assert not off.any() and all(len(p) == 0 for p in none)

@@ -37,7 +37,11 @@ initialisation, and each trained reference is an artifact (`fedbench.plugin.arti
 its x and y), the architecture, the scenario it trains under (`fl`) or its SGD schedule (`central`),
 the defense's name, version and parameters (`fl`), and k's seed. Offline references therefore serve
 every seed of a grid row (the attacker's data does not change with the target's seed), and the first
-4 of 16 serve the cheap mode too; online references serve every run that queries the same candidates.
+4 of 16 serve the cheap mode too; online references serve every run that queries the same candidates,
+in whatever order its seed shuffled them (the halves are drawn in content order,
+`_references_core.assign_halves`): on the membership board, where every digit of the pool is queried,
+one set of references per row serves all its seeds. The seeds' estimates then share that reference
+set, as LiRA's evaluations share theirs.
 """
 
 from __future__ import annotations

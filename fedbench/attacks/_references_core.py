@@ -86,6 +86,36 @@ def balanced_in(k: int, n: int, rng: np.random.Generator) -> np.ndarray:
     return is_in
 
 
+def canonical_order(x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Positions of the candidates sorted by their content (a digest of each example's x and y).
+
+    Why: the candidates arrive in the order of the run's own shuffle (calibration halves, then the
+    evaluated set), which changes with the target's seed. The references are the attacker's and do not
+    depend on that seed: assigning the halves in content order makes the same candidates give the same
+    references, so one set of trained references serves every seed of a grid row (the artifact store
+    finds them) instead of one set per seed."""
+    flat = x.detach().cpu().reshape(len(x), -1).contiguous().numpy()
+    labels = y.detach().cpu().numpy()
+    keys = [
+        hashlib.sha256(row.tobytes() + np.asarray(label).tobytes()).hexdigest()
+        for row, label in zip(flat, labels, strict=True)
+    ]
+    return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+
+
+def assign_halves(
+    k: int, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator, online: bool
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Which candidates each of k references trains on: `is_in` (k, n) in the candidates' order, and
+    per reference the positions of its IN candidates in content order (`canonical_order`), so the same
+    candidates in any order give the same training sets. Offline: nobody IN."""
+    order = canonical_order(x, y)
+    in_order = balanced_in(k, len(y), rng) if online else np.zeros((k, len(y)), dtype=bool)
+    is_in = np.empty_like(in_order)
+    is_in[:, order] = in_order
+    return is_in, [order[np.nonzero(row)[0]] for row in in_order]
+
+
 def _digest(*tensors: torch.Tensor) -> str:
     h = hashlib.sha256()
     for t in tensors:
@@ -201,7 +231,7 @@ def train_references(
     k = p.references_n
     size = p.reference_size or target_train_size(data)
     rng = np.random.default_rng([p.reference_seed, k if online else 0])
-    is_in = balanced_in(k, len(y_c), rng) if online else np.zeros((k, len(y_c)), dtype=bool)
+    is_in, picks = assign_halves(k, x_c, y_c, rng, online)
     check_fill(size, is_in.sum(axis=1), len(y_own), p.reference_size)
     if p.references == "fl" and defense is None:
         raise RunFailure("references=fl: the runner bound no defense to copy (bind_defense)")
@@ -209,7 +239,7 @@ def train_references(
     states, rows, diverged = [], [], []
     for j in range(k):
         fill = np.random.default_rng([p.reference_seed, j, 1]).permutation(len(y_own))
-        pick = torch.as_tensor(np.nonzero(is_in[j])[0])
+        pick = torch.as_tensor(picks[j])
         n_fill = max(0, size - len(pick))
         x = torch.cat([x_c[pick], x_own[fill[:n_fill]]])
         y = torch.cat([y_c[pick], y_own[fill[:n_fill]]])
