@@ -46,9 +46,13 @@ def test_sdan_recovery_is_exact_to_float_precision():
     model, pixels, x, y = _sdan_case()
     attack = registry.attacks.get("fc-leakage")()
     out = attack.run(_observation(model, x, y), model, META, None, torch.device("cpu"))
-    neurons = out.extra["candidate_neurons"]
-    assert 0 in neurons and out.images.shape[1:] == (1, 6, 6)
-    rec = out.images[neurons.index(0)][None]
+    assert out.images.shape[1:] == (1, 6, 6)
+    # neuron 0 is built to fire for image 0 alone; another (randomly initialised) neuron may fire for image
+    # 0 alone too, and the two identical recoveries are merged (dedupe_mse) under either index, so the
+    # test asks for image 0 among the candidates, not for neuron 0's index (which depended on the global
+    # RNG state the tests run before this one leave behind)
+    best = int(np.argmin([np.abs(c[None] - pixels[:1].numpy()).max() for c in out.images]))
+    rec = out.images[best][None]
     value = float(psnr(pixels[:1].numpy(), rec)[0])
     assert value == 100.0, value  # capped: MSE at float rounding level
     assert np.abs(rec - pixels[:1].numpy()).max() < 1e-5
