@@ -499,6 +499,10 @@ def test_describe_refreshes_the_words_and_refuses_what_moves_numbers(tiny_board,
     res = runner.invoke(app, args)
     assert res.exit_code == 2 and "utility_budget" in res.output and "rebuild" in res.output, res.output
     assert (folder / "board.json").read_text() == before
+    preset.write_text(text.replace("fraction = 0.01", "fraction = 0.02"))  # other runs, same words
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "not in preset" in res.output and "rebuild" in res.output, res.output
+    assert (folder / "board.json").read_text() == before
     res = runner.invoke(app, ["leaderboard", "describe", "no-such", "--dir", "boards"])
     assert res.exit_code == 2 and "no-such" in res.output
 

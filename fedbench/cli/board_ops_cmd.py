@@ -53,6 +53,17 @@ def _board_grid(board, preset_dir, plugin):
     return source.path, extra
 
 
+def _board_specs(board, grid, path, extra) -> list:
+    """The runs of a board's preset `grid`, with those of its `add -a` evaluations (the board's too)."""
+    from fedbench.spec.grid import Overrides, build_grid
+
+    every = list(grid.specs)
+    if board.external_attacks:
+        more = build_grid(path, Overrides(attacks=tuple(x.attack for x in board.external_attacks)), extra)
+        every += more.specs
+    return every
+
+
 def _load_v2(root: Path, name: str):
     from fedbench.reporting import leaderboard as lb
 
@@ -161,10 +172,7 @@ def verify_cmd(
 
     path, extra = _board_grid(b, preset_dir, plugin)
     grid = build_grid(path, Overrides(), extra_dirs=extra)
-    every = list(grid.specs)
-    if b.external_attacks:  # `add -a` evaluations: their runs are the board's too
-        more = build_grid(path, Overrides(attacks=tuple(x.attack for x in b.external_attacks)), extra)
-        every += more.specs
+    every = _board_specs(b, grid, path, extra)
     wanted = {x.run_id for x in chosen}
     specs = list({s.run_id: s for s in every if s.run_id in wanted}.values())
     missing = wanted - {s.run_id for s in specs}
@@ -392,8 +400,8 @@ def describe_cmd(
     """Refresh a board's descriptive text (title, description, threat model, knowledge, tuning rule,
     substitution) from its preset, without re-running anything, and re-render it.
 
-    Exit 2 when the preset changed what decides the numbers (primary, utility_budget, headline):
-    those need `fedbench leaderboard build`.
+    Exit 2 when the preset changed what decides the numbers (primary, utility_budget, headline) or
+    what the board ran (a run of an entry no longer in its grid): those need `fedbench leaderboard build`.
 
     Examples:
 
@@ -404,9 +412,16 @@ def describe_cmd(
     from fedbench.spec.grid import Overrides, build_grid
 
     lb.check_board_name(root, board)
-    current, _entries = lb.load_board(root / board)
+    current, entries = lb.load_board(root / board)
     path, extra = _board_grid(current, preset_dir, plugin)
     grid = build_grid(path, Overrides(), extra_dirs=extra)
+    ran = {s.run_id for s in _board_specs(current, grid, path, extra)}
+    stale = sorted({r for e in entries for r in e.get("run_ids", [])} - ran)
+    if stale:  # the words would describe runs the board does not hold
+        raise FedbenchError(
+            f"run {stale[0]} is not in preset {current.preset}'s grid any more (the preset changed what "
+            f"the board ran); rebuild the board with '{current.command}'"
+        )
     new, changed = described(current, grid)
     if not changed:
         out.print(f"{board}: its description is the preset's already", highlight=False)

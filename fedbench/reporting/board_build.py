@@ -178,9 +178,6 @@ def build(
             "board_version": 2,
             "primary": metric(spec["primary"]).name,
             "utility_budget": float(spec["utility_budget"]),
-            "threat_id": str(spec.get("threat_id") or ""),
-            "knowledge": dict(spec.get("knowledge") or {}),
-            "tuning": str(spec.get("tuning") or ""),
             "slice_of": str(spec.get("slice_of") or ""),
             "environment": compute_environment(),
         }
@@ -193,17 +190,14 @@ def build(
             **v2,
             "schema": METHOD2_SCHEMA if method2 else SCHEMA_VERSION,
             "name": name,
-            "title": str(spec.get("title") or sidecar.get("description") or name),
-            "description": str(spec.get("description") or sidecar.get("description") or ""),
+            **board_words(spec, sidecar, name, method2),
             "scenario": scenario,
             "attack_suite": suite,
             "headline": headline,
             "metrics": tuple(wanted),
             "command": command or str(spec.get("command") or default_command(preset or name, name)),
             "preset": preset,
-            "substitution": str(sidecar.get("substitution") or ""),
             "views": tuple(f"{k}:{spec[k]}" for k in ("budget", "target") if spec.get(k)),
-            "threat_model": str(spec.get("threat_model") or ""),
             "baseline": headline_baseline(view, headline, _none_per_seed(entries, headline))
             if suite
             else None,
@@ -219,6 +213,25 @@ def build(
     if not method2:  # v2: ranks and their stability live only in the rendered files
         with_rank_stability(board, entries)
     return board, entries
+
+
+def board_words(spec: dict[str, Any], grid: dict[str, Any], name: str, method2: bool) -> dict[str, Any]:
+    """The board's descriptive fields from its preset's [grid.board] table (`spec`) and [grid] table
+    (`grid`: description, substitution): words about the runs, not results, so `leaderboard describe`
+    can refresh them without a build (`board_describe`)."""
+    words: dict[str, Any] = {
+        "title": str(spec.get("title") or grid.get("description") or name),
+        "description": str(spec.get("description") or grid.get("description") or ""),
+        "substitution": str(grid.get("substitution") or ""),
+        "threat_model": str(spec.get("threat_model") or ""),
+    }
+    if method2:
+        words |= {
+            "threat_id": str(spec.get("threat_id") or ""),
+            "knowledge": dict(spec.get("knowledge") or {}),
+            "tuning": str(spec.get("tuning") or ""),
+        }
+    return words
 
 
 def compute_environment() -> dict[str, str]:

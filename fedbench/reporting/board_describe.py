@@ -4,7 +4,7 @@ Why: a board's title, description, threat model, knowledge switches, tuning rule
 words about its runs, not results. When a later study adds to them (issue 30: a tuning rule that names
 the sweep showing DP cannot stay within a board's utility budget), rebuilding the board only to rewrite
 a sentence would re-run hours of attacks, or, after an engine change, recompute them all. What decides
-numbers (the primary metric, the utility budget, the headline, the scenario, the suite) is compared,
+numbers (the primary metric, the utility budget, the headline) is compared,
 not copied: if the preset changed one of them, the board must be rebuilt, and the command says so.
 """
 
@@ -13,17 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 from fedbench.errors import FedbenchError
+from fedbench.reporting.board_build import board_words
 from fedbench.reporting.board_schema import Board
 
-#: [grid.board] keys copied into board.json, and the board field each fills
-BOARD_TEXT = ("title", "threat_model", "threat_id", "knowledge", "tuning")
 #: keys whose change moves numbers or ranks: compared with board.json, never copied
 RESULT_KEYS = ("primary", "utility_budget", "headline")
 
 
 def described(board: Board, grid: Any) -> tuple[Board, list[str]]:
-    """`board` with its descriptive fields as `grid` (its preset, expanded) states them, and the names of
-    the fields that changed. Raises FedbenchError when the preset changed what decides the numbers."""
+    """`board` with its descriptive fields as `grid` (its preset, expanded) states them (`board_words`,
+    what a build writes), and the names of the fields that changed. Raises FedbenchError when the preset
+    changed what decides the numbers."""
     spec = grid.board
     for key in RESULT_KEYS:
         if key not in spec:
@@ -36,12 +36,7 @@ def described(board: Board, grid: Any) -> tuple[Board, list[str]]:
                 f"the preset's [grid.board] {key} = {theirs!r} is not the board's {ours!r}: that changes "
                 f"the numbers; rebuild the board with '{board.command}'"
             )
-    update: dict[str, Any] = {key: spec[key] for key in BOARD_TEXT if key in spec}
-    update["description"] = str(spec.get("description") or grid.description or board.description)
-    if "title" not in spec and grid.description:
-        update["title"] = grid.description
-    update["substitution"] = grid.substitution
-    if "knowledge" in update:
-        update["knowledge"] = dict(update["knowledge"])
+    meta = {"description": grid.description, "substitution": grid.substitution}
+    update = board_words(spec, meta, board.name, board.board_version >= 2)
     changed = [k for k, v in update.items() if getattr(board, k) != v]
     return board.model_copy(update=update), changed
