@@ -28,6 +28,10 @@ BOARDS = {
     "leakage-example-mnist5k-mlp": "board-leakage-example",
 }
 MIN_INVERSION_GAP_DB = 25.0  # issue 18: no defense >= 25 dB above the random-image floor
+TARGET_EPSILON = 8.0  # issue 30: DP rows at a target epsilon of 1, 4 or 8; above 100 they are noise
+#: v1 boards (built before issue 27's method) still to be rebuilt under issue 30's operating points: their
+#: DP rows are the papers' sigma values, some at 8 < epsilon <= 100. The exemption ends with the rebuild.
+PENDING_REBUILD = {"attribute-inference-adult-mlp", "leakage-types-mnist5k-mlp"}
 
 
 def _board(name: str) -> dict:
@@ -66,6 +70,29 @@ def test_every_shipped_defense_and_attack_is_on_a_board():
     }
     assert shipped["defense"] - defenses == set()
     assert shipped["attack"] - attacks == set()
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_every_dp_row_is_at_a_target_epsilon_of_at_most_8_or_labelled_noise(name):
+    """Issue 30: a DP row is at a target epsilon <= 8, or its epsilon exceeds 100 and the board labels it
+    noise (no meaningful DP guarantee); a v2 board names the rule that tuned its rows."""
+    from fedbench.reporting.board_notes import epsilon_value
+    from fedbench.reporting.board_rank import is_noise
+
+    board = _board(name)
+    if name in PENDING_REBUILD:
+        assert (board.get("board_version") or 1) < 2, f"{name} was rebuilt: drop it from PENDING_REBUILD"
+        return
+    assert board.get("tuning"), f"{name} names no tuning rule ([grid.board] tuning)"
+    readme = (ROOT / name / "README.md").read_text()
+    for entry in _entries(name):
+        eps = epsilon_value(entry["metrics"])
+        if eps is None:
+            continue
+        assert eps <= TARGET_EPSILON * (1 + 1e-6) or is_noise(eps), f"{entry['defense']}: epsilon {eps:.3g}"
+        if is_noise(eps):
+            line = next(row for row in readme.splitlines() if f"`{entry['defense']}`" in row)
+            assert "noise" in line, f"{entry['defense']}: epsilon {eps:.3g} is not labelled noise"
 
 
 @pytest.mark.parametrize("name", sorted(BOARDS))

@@ -9,6 +9,8 @@ import typer
 from fedbench.cli import (
     board_audit_cmd,  # noqa: F401  (registers leaderboard audit)
     board_ops_cmd,  # noqa: F401  (registers leaderboard verify/add)
+    board_realistic_cmd,  # noqa: F401  (registers leaderboard realistic)
+    board_remove_cmd,  # noqa: F401  (registers leaderboard remove)
     budget_check_cmd,  # noqa: F401  (registers leaderboard budget-check)
 )
 from fedbench.cli.audit_cmd import audit_cmd

@@ -313,7 +313,9 @@ def build_cmd(
     The same runs as 'fedbench run PRESET' (served from the cache when they ran before), then what
     'fedbench export --to leaderboard' does. One line per board: its runs and seconds (with stderr
     redirected to a file, also a line per computed or failed run, cached runs summed up every few
-    seconds). A failed run leaves that board as it was; the others are built, and the command exits 1
+    seconds). A board whose preset names a realistic protocol ([grid.board] realistic) gets it too, as
+    'fedbench leaderboard realistic' runs it. A failed run leaves that board as it was; the others are
+    built, and the command exits 1
     naming it. A board records the command that rebuilt it (the preset, and --preset-dir and --plugin for
     a preset of yours); a board that another command wrote (another preset, or 'fedbench export') is
     replaced only with --force: without it, exit 2 before any run, naming the entries it would lose.
@@ -366,6 +368,11 @@ def build_cmd(
         err.print(result.line(), highlight=False)
         if result.failure:
             failed.append(source.board)
+        elif grid.board.get("realistic") and not sliced:  # the realistic protocol beside it (issue 30)
+            from fedbench.cli.board_realistic_cmd import attach_realistic
+
+            ctx_args = (ctx.data_root, threads, n_jobs)
+            attach_realistic(root, source.board, ctx_args, cache.location, preset_dir, plugin)
     if failed:
         err.print(f"not built: {', '.join(failed)}", highlight=False)
         raise typer.Exit(1)

@@ -8,7 +8,7 @@ through `parse`); an entry stays the JSON document `leaderboard.build` writes, c
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -167,16 +167,77 @@ class BudgetCheck(FileModel):
 
 def _budget_check(value: dict[str, Any]) -> dict[str, Any]:
     """An empty table (no check recorded) or a whole `BudgetCheck`; kept as the dict it was read as."""
+    if value:
+        _validated(BudgetCheck, value)
+    return value
+
+
+def _validated(model: type[FileModel], value: dict[str, Any]) -> None:
+    """Validate a dict-valued board field against its model, the first error as one line."""
     from pydantic import ValidationError
 
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+
+
+class RealisticRate(FileModel):
+    """k of n attacked records re-identified, with the exact 95 % interval (`board_realistic.rate`)."""
+
+    k: Annotated[int, Field(ge=0)]
+    n: Annotated[int, Field(ge=1)]
+    rate: Annotated[float, Field(ge=0, le=1)]
+    low: Annotated[float, Field(ge=0, le=1)]
+    high: Annotated[float, Field(ge=0, le=1)]
+
+
+class RealisticAttack(FileModel):
+    """One attack of the realistic protocol: its textbook rate (the board's none row) and its rates at
+    the checkpoints, with the verdict (`board_realistic.verdict`)."""
+
+    attack: str
+    label: str
+    textbook_label: str = ""
+    textbook: RealisticRate | None = None
+    checkpoints: list[RealisticRate | None]
+    works: Literal["yes", "partly", "no", "n/a"]
+
+
+class Realistic(FileModel):
+    """The realistic-protocol record of an inversion board (`fedbench.reporting.board_realistic`)."""
+
+    preset: str
+    command: str
+    description: str = ""
+    primary: str
+    rounds: list[int]
+    checkpoints: list[str]
+    seeds: list[int]
+    scenario: dict[str, Any]
+    test_acc: float | None = None
+    attacks: list[RealisticAttack]
+    worst: dict[str, Any]
+    floor: list[RealisticRate | None]
+
+
+def _realistic(value: dict[str, Any]) -> dict[str, Any]:
+    """An empty table (no realistic protocol run) or a whole `Realistic`; kept as the dict it was read as."""
     if value:
-        try:
-            BudgetCheck.model_validate(value)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+        _validated(Realistic, value)
     return value
+
+
+class RemovedRow(FileModel):
+    """A configuration taken off the board after it was built (`leaderboard remove`), with why and what
+    it measured then, so the README still says it was there (`fedbench.reporting.board_remove`)."""
+
+    defense: str
+    reason: str
+    date: str
+    measured: str = ""  # its primary rate, accuracy and epsilon when it was removed
 
 
 class ExternalAttack(FileModel):
@@ -224,6 +285,9 @@ class Board(FileModel):
     external_attacks: Annotated[tuple[ExternalAttack, ...], Field(strict=False)] = ()  # `add -a`
     # the last `leaderboard budget-check` (`BudgetCheck`), {} when none was run
     budget_check: Annotated[dict[str, Any], AfterValidator(_budget_check)] = {}
+    # the realistic protocol beside the textbook one (`Realistic`), {} when the board declares none
+    realistic: Annotated[dict[str, Any], AfterValidator(_realistic)] = {}
+    removed: Annotated[tuple[RemovedRow, ...], Field(strict=False)] = ()  # `leaderboard remove`
 
     @model_validator(mode="after")
     def _method(self) -> Board:

@@ -102,10 +102,14 @@ def export(
     what `fedbench export --to leaderboard` and `fedbench leaderboard build` do. Returns the board, its
     entries and the rendered files that changed. `wall`: the build's `BuildWall` record; without one
     (an export, a build that computed nothing) the board keeps the record it had."""
+    from fedbench.reporting.board_remove import carried_removals
+
     board, entries = build(results, board_name, where, command)
     wall = wall or _previous_wall(Path(root) / board.name)
     if wall:
         board = board.model_copy(update={"build_wall": parse(BuildWall, wall, f"board {board.name}: wall")})
+    if gone := carried_removals(raw_board_field(Path(root) / board.name, "removed"), entries):
+        board = parse(Board, {**board.to_json(), "removed": gone}, f"board {board.name}")
     write_board(root, board, entries)
     return board, entries, render(root, [board.name])
 
@@ -478,7 +482,9 @@ THUMBNAILS_LINE = (
 
 def render_readme_v2(board: Board, entries: list[dict[str, Any]], thumbnails: bool = False) -> str:
     """A v2 board's README.md (templates/board_readme_v2.md.j2): rank, defense and the primary metric
-    first, rows outside the utility budget apart."""
+    first, rows outside the utility budget apart; the realistic protocol's table when it was run."""
+    from fedbench.reporting.board_realistic import realistic_markdown
+    from fedbench.reporting.board_remove import removed_note
     table = build_table(board, entries)
     prim = metric(board.primary)
     knowledge = ", ".join(f"{k} {'known' if v else 'unknown'}" for k, v in board.knowledge.items())
@@ -495,12 +501,14 @@ def render_readme_v2(board: Board, entries: list[dict[str, Any]], thumbnails: bo
                 *table.notes,
                 *([note] if (note := audit_note(board, entries)) else []),
                 *([one] if (one := one_run_audit_note(entries)) else []),
+                *([gone] if (gone := removed_note(board)) else []),
             ],
             failures=failures_note(board),
             scenario_table=scenario_table(board, entries),
             cost=cost_note(board),
             verified=verified_note(board),
             budget_check=budget_note(board.budget_check),
+            realistic=realistic_markdown(board.realistic) if board.realistic else "",
         )
         .replace("\n\n\n", "\n\n")
     )

@@ -45,6 +45,8 @@ class BoardTable(FileModel):
     # never on test), stated so that anyone can rerun it; the README prints it
     tuning: str | None = None
     slice: SliceTable | None = None  # `fedbench leaderboard build NAME --slice` builds it as NAME-slice
+    # an inversion board's realistic-protocol companion preset (`fedbench.reporting.board_realistic`)
+    realistic: str | None = None
 
     @model_validator(mode="after")
     def _v2(self) -> BoardTable:
