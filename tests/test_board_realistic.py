@@ -87,8 +87,19 @@ def test_rates_per_attack_and_checkpoint_with_exact_intervals_and_the_worst_case
     assert rec["worst"]["textbook"]["k"] == 19 and [f["k"] for f in rec["floor"]] == [2, 2]
     Board.model_validate(_board(rec))  # the record is what board.json accepts
     text = br.realistic_markdown(rec)
-    assert "| dlg | 95 % [" in text and "(3/8)" in text and "untrained, round 0" in text
+    assert (
+        "| dlg (board: dlg[iterations=50]) | 95 % [" in text
+        and "(3/8)" in text
+        and "untrained, round 0" in text
+    )
     assert "*class-mean guess (floor)*" in text and "a tiny federation" in text
+
+
+def test_each_attack_stands_beside_the_boards_same_label_else_the_same_plugin():
+    board = ["dlg[iterations=50]", "sdan-poisoning", "sdan-poisoning[loss=contrastive]", "idlg"]
+    assert br.textbook_label("sdan-poisoning[loss=contrastive]", board) == "sdan-poisoning[loss=contrastive]"
+    assert br.textbook_label("dlg", board) == "dlg[iterations=50]"  # other budgets: the table names both
+    assert br.textbook_label("fedavg-leakage[iterations=200]", board) == ""
 
 
 def test_verdict_rule():

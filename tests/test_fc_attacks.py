@@ -68,6 +68,21 @@ def test_in_range_selection_and_max_candidates():
     assert out.extra["active_neurons"] >= out.extra["candidates"]
 
 
+def test_a_layer_where_no_neuron_fired_gives_no_candidates_and_scores_zero():
+    """A crafted layer can be dead for a batch (every ReLU off: a zero bias gradient). The attack then
+    recovers nothing, which scores 0 on every image, instead of failing the run (it did: a reshape of
+    zero candidates; the realistic protocol's converged round hit it)."""
+    from fedbench.metrics.reconstruction import score_reconstruction
+
+    model, pixels, x, y = _sdan_case(seed=2)
+    obs = _observation(model, x, y)
+    obs.shared["fc1.bias"].zero_()
+    out = registry.attacks.get("fc-leakage")().run(obs, model, META, None, torch.device("cpu"))
+    assert out.images.shape == (0, 1, 6, 6) and out.extra["active_neurons"] == 0
+    scores = score_reconstruction(pixels.numpy(), out.images)
+    assert (scores.psnr < 10).all()  # nothing matched: every image at the unmatched score
+
+
 def test_trap_weights_follow_algorithm_3():
     attack = registry.attacks.get("trap-weights")()
     hook = attack.server_hook()

@@ -203,9 +203,10 @@ def recover(attack: Any, observation: Any, model: nn.Module, meta: Any) -> Any:
             meta.mean, dtype=x.dtype
         ).view(view)
     pix = x.numpy()
-    finite = np.isfinite(pix.reshape(len(pix), -1)).all(1)
-    in_range = finite & (pix.reshape(len(pix), -1).min(1, initial=0.0) >= -p.range_tol)
-    in_range &= pix.reshape(len(pix), -1).max(1, initial=1.0) <= 1 + p.range_tol
+    flat = pix.reshape(len(pix), n)  # n, not -1: no neuron fired (a dead crafted layer) is 0 candidates
+    finite = np.isfinite(flat).all(1)
+    in_range = finite & (flat.min(1, initial=0.0) >= -p.range_tol)
+    in_range &= flat.max(1, initial=1.0) <= 1 + p.range_tol
     keep = np.nonzero(in_range if p.selection == "in-range" and in_range.any() else finite)[0]
     pix = np.clip(pix[keep], 0.0, 1.0)
     order = np.argsort(-np.abs(gb[idx].numpy()[keep]), kind="stable")  # strongest neurons first

@@ -226,9 +226,8 @@ def pairwise_mse(true: Any, rec: Any) -> np.ndarray:
             "true and rec images must have the same [C, H, W], "
             f"got {tuple(t.shape[1:])} and {tuple(r.shape[1:])}"
         )
-    tf = t.reshape(t.shape[0], -1)
-    rf = r.reshape(r.shape[0], -1)
-    d = tf.shape[1]
+    d = int(np.prod(t.shape[1:]))
+    tf, rf = t.reshape(t.shape[0], d), r.reshape(r.shape[0], d)  # d, not -1: no reconstruction is [N, 0]
     sq = (tf**2).sum(1)[:, None] + (rf**2).sum(1)[None, :] - 2.0 * tf @ rf.T
     return np.maximum(sq, 0.0) / max(d, 1)
 

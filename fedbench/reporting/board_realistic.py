@@ -81,17 +81,21 @@ def _flat(by_seed: dict[int, list]) -> list[float]:
     return [v for s in sorted(by_seed) for v in by_seed[s]]
 
 
-def _textbook(none_entry: dict[str, Any] | None, primary: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """The board's `none` row per attack name: (name -> the board's label, name -> its rate)."""
-    labels: dict[str, str] = {}
-    rates: dict[str, Any] = {}
+def _textbook(none_entry: dict[str, Any] | None, primary: str) -> dict[str, dict[str, Any] | None]:
+    """The board's `none` row per attack label: label -> its rate on the board."""
+    out: dict[str, dict[str, Any] | None] = {}
     for label, seeds in ((none_entry or {}).get("per_input") or {}).items():
-        name = plugin_name(label)
-        if name in labels:
-            continue
         values = [v for s in sorted(seeds, key=int) for v in seeds[s].get("values", {}).get(primary, [])]
-        labels[name], rates[name] = label, rate(values)
-    return labels, rates
+        out[label] = rate(values)
+    return out
+
+
+def textbook_label(label: str, board_labels: Sequence[str]) -> str:
+    """The board's attack a realistic attack stands beside: the same label, else the first of the same
+    plugin (the budgets may differ; the table names both), else none ('')."""
+    if label in board_labels:
+        return label
+    return next((b for b in board_labels if plugin_name(b) == plugin_name(label)), "")
 
 
 def _worst(by_attack: list[dict[int, list]]) -> list[float]:
@@ -122,7 +126,7 @@ def realistic_record(
     values = _per_input(ok, results.per_image, primary)
     floors = _per_input(ok, results.per_image, FLOOR_COLUMN)
     names = list(dict.fromkeys(str(a) for a in ok["attack"]))
-    labels, textbook = _textbook(none_entry, primary)
+    textbook = _textbook(none_entry, primary)
     floor = [rate(_flat(next((floors[(a, r)] for a in names if (a, r) in floors), {}))) for r in rounds]
     attacks = []
     for name in names:
@@ -131,8 +135,8 @@ def realistic_record(
             {
                 "attack": plugin_name(name),
                 "label": name,
-                "textbook_label": labels.get(plugin_name(name), ""),
-                "textbook": textbook.get(plugin_name(name)),
+                "textbook_label": textbook_label(name, list(textbook)),
+                "textbook": textbook.get(textbook_label(name, list(textbook))),
                 "checkpoints": cps,
                 "works": verdict(cps, floor),
             }
@@ -191,6 +195,12 @@ def _row(first: str, textbook: dict[str, Any] | None, cells: Sequence[Any], work
     return " | ".join(["", first, _cell(textbook) if textbook else "", *map(_cell, cells), works, ""]).strip()
 
 
+def _named(attack: dict[str, Any]) -> str:
+    """The attack's label, with the board's when the board ran it at other parameters."""
+    board = attack.get("textbook_label") or ""
+    return attack["label"] + (f" (board: {board})" if board and board != attack["label"] else "")
+
+
 def realistic_markdown(record: dict[str, Any]) -> str:
     """The README section's body: what was run, then one row per attack (textbook beside realistic)."""
     worst = record["worst"]
@@ -198,7 +208,7 @@ def realistic_markdown(record: dict[str, Any]) -> str:
     lines = [
         "| attack | textbook (this board's `none`) | " + " | ".join(heads) + " | works in realistic FL? |",
         "|---|---|" + "---|" * len(heads) + "---|",
-        *(_row(a["label"], a["textbook"], a["checkpoints"], a["works"]) for a in record["attacks"]),
+        *(_row(_named(a), a["textbook"], a["checkpoints"], a["works"]) for a in record["attacks"]),
         _row(
             "*any attack (worst case per record)*",
             worst["textbook"],
