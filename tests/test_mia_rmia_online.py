@@ -16,7 +16,7 @@ from fedbench import registry
 from fedbench.attacks import _membership_core as core
 from fedbench.attacks import _references_core as refcore
 from fedbench.attacks.lira_online import lira_online_scores
-from fedbench.attacks.rmia import rmia_scores
+from fedbench.attacks.rmia import break_ties, rmia_scores
 from fedbench.errors import FedbenchError, ParamError
 from fedbench.execution.cache import RunCache
 from fedbench.execution.runner import Job, RunContext, compute_attack, execute
@@ -51,6 +51,26 @@ def test_rmia_score_is_the_papers_pairwise_likelihood_ratio_test_by_hand():
     assert rmia_scores([0.5], [[0.4]], [0.5, 0.5], [[0.4, 0.4]])[0] == 1.0
     with pytest.raises(ValueError, match="population sample"):
         rmia_scores(p_x, ref_x, [], np.zeros((2, 0)))
+
+
+def test_rmia_ties_are_broken_by_the_ratio_of_x_keeping_the_papers_order():
+    rng = np.random.default_rng(0)
+    n, m = 400, 20
+    p_x, p_z = rng.uniform(0.05, 1, n), rng.uniform(0.05, 1, m)
+    ref_x, ref_z = rng.uniform(0.05, 1, (3, n)), rng.uniform(0.05, 1, (3, m))
+    share = rmia_scores(p_x, ref_x, p_z, ref_z, gamma=1.5)
+    assert len(np.unique(share)) <= m + 1 < n  # the paper's share ties: m + 1 levels for 400 examples
+    cont = rmia_scores(p_x, ref_x, p_z, ref_z, gamma=1.5, ties="ratio")
+    assert len(np.unique(cont)) == n and ((0 <= cont) & (cont < 1)).all()
+    assert (np.floor(cont * (m + 1)) == np.rint(share * m)).all()  # the paper's count is kept
+    ratio_x = p_x / ((1.3 * ref_x.mean(0) + 0.7) / 2)
+    assert (np.argsort(cont) == np.argsort(ratio_x)).all()  # one order: that of Pr(x|theta) / Pr(x)
+    # beyond the extremes and on a sample: below every z in (0, 1/(m+1)), at the top sample k = m
+    assert break_ties(np.array([0.0, 1.0, 1.0]), [0.1, 2.0, 50.0], [1.0, 2.0]) == pytest.approx(
+        [0.1 / 3, 2 / 3, (2 + 1 - 1 / 25) / 3]
+    )
+    with pytest.raises(ValueError, match="ties"):
+        rmia_scores(p_x, ref_x, p_z, ref_z, ties="random")
 
 
 def test_online_lira_is_the_log_likelihood_ratio_of_in_and_out_gaussians_by_hand():
