@@ -82,6 +82,7 @@ def _obs(**kw):
         batch_size=1,
         y_true=torch.zeros(1),
         point="update",
+        shared={"w": torch.zeros(3), "b": torch.zeros(1)},  # M = 2 tensors (a per-layer target epsilon's)
     )
     return SimpleNamespace(**{**base, **kw})
 

@@ -130,9 +130,7 @@ def noise_model(defense: Any, observation: Any, scenario: Any) -> NoiseModel:
         clip = p.clip * per_update
         if p.noise == "central":  # one noise on the server's sum: the client's clipped update is exact
             return NoiseModel("none", 0.0, clip, per_layer=per_layer, source=f"{name}: central noise after")
-        sigma = (
-            defense.sigma_for(_need(scenario, name)) if name == "dp-fedavg" else defense.sigma_for(scenario)
-        )
+        sigma = defense.sigma_for(_need(scenario, name), len(observation.shared))
         return NoiseModel(
             "gaussian",
             sigma * p.clip * per_update,
@@ -147,7 +145,7 @@ def noise_model(defense: Any, observation: Any, scenario: Any) -> NoiseModel:
     if name == "fed-cdp-decay":
         _need(scenario, name)
     bound = float(defense.clip_at(ctx))
-    sigma = defense.sigma_for(_need(scenario, name)) if name == "dp-sgd" else defense.sigma_for(scenario)
+    sigma = defense.sigma_for(_need(scenario, name), len(observation.shared))
     batch = max(int(observation.batch_size or len(observation.y_true)), 1)
     if observation.point == "example":
         batch = 1

@@ -64,7 +64,7 @@ from fedbench.defenses.fed_dp import (
     client_sizes,
 )
 from fedbench.errors import FedbenchError
-from fedbench.plugin import Paper, RunData, Scenario
+from fedbench.plugin import Paper, Scenario
 from fedbench.registry import register_defense
 from fedbench.spec.params import param
 
@@ -137,13 +137,6 @@ class DPSGD(_PerExampleDP):
                 return _lots_params_problem(self)
             return super().validate()
 
-    def __init__(self, params: Any = None):
-        super().__init__(params)
-        self._train_size = 0
-
-    def bind_data(self, data: RunData) -> None:
-        self._train_size = data.train_size - len(data.reserved)
-
     def clip_at(self, ctx) -> float:
         return self.params.clip
 
@@ -172,7 +165,10 @@ class DPSGD(_PerExampleDP):
         (`per_example=ghost`) needs no per-example gradients either."""
         return _flat_factors(sum(n.double().pow(2) for n in norms.values()), bound, norms)
 
-    def sigma_for(self, scenario: Scenario, train_size: int | None = None) -> float:
+    def sigma_for(
+        self, scenario: Scenario, tensors: int | None = None, train_size: int | None = None
+    ) -> float:
+        """sigma calibrated to `epsilon` (a flat clip: M = `tensors` does not enter)."""
         p = self.params
         n = train_size or self._train_size
         if p.sampling == "participation":
@@ -190,7 +186,7 @@ class DPSGD(_PerExampleDP):
 
     def accounting(self, scenario: Scenario, train_size: int, tensors: int | None = None):
         p = self.params
-        sigma = self.sigma_for(scenario, train_size)
+        sigma = self.sigma_for(scenario, train_size=train_size)
         if p.sampling == "participation":
             exposure = _exposure(scenario, train_size)
             whole = WholeSensitivity.of(False, tensors, self.name)
@@ -244,7 +240,8 @@ class DPFedAvg(FedSDP):
 
         return clip_global(delta, self.params.clip)
 
-    def sigma_for(self, scenario: Scenario) -> float:
+    def sigma_for(self, scenario: Scenario, tensors: int | None = None) -> float:
+        """sigma calibrated to `epsilon` (a flat clip: M = `tensors` does not enter)."""
         p = self.params
         rate = _participation_rate(scenario)
         if p.sampling == "participation":

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedbench.errors import FedbenchError
-from fedbench.plugin import Accounting, Defense, HookContext, Paper, Scenario
+from fedbench.plugin import Accounting, Defense, HookContext, Paper, RunData, Scenario
 from fedbench.registry import register_defense
 from fedbench.spec.params import param
 
@@ -75,6 +75,40 @@ _ACCOUNTANT_HELP = (
 def _noise_multiplier(bound: str) -> Any:
     """The `sigma` parameter of the paper's mechanisms: noise std = sigma x the clipping `bound`."""
     return param(6.0, f"noise multiplier (noise std = sigma * {bound})", min=0, min_open=True)
+
+
+def _target_epsilon() -> Any:
+    """The `epsilon` parameter of fed-sdp and fed-cdp: a target instead of a given sigma (issue 30)."""
+    return param(
+        0.0,
+        "target epsilon over the run (0: sigma as given); > 0: sigma is the smallest the participation "
+        "accountant certifies for it at the clip's sensitivity C*sqrt(M), and the sigma param is unused",
+        min=0,
+        keyless=0.0,
+    )
+
+
+def calibrated_per_layer_sigma(
+    target: float, scenario: Scenario, exposure: Exposure, delta: float, tensors: int | None, who: str
+) -> float:
+    """sigma of a per-layer clipped mechanism whose participation epsilon is at most `target`: the flat
+    mechanism's calibrated multiplier times sqrt(M), since per-layer clipping of M tensors to C bounds
+    the whole by C*sqrt(M) (`WholeSensitivity`) and the noise std is sigma*C per coordinate."""
+    from fedbench.defenses.dp_calibrated import participation_sigma
+
+    whole = WholeSensitivity.of(True, tensors, who)
+    rate = _participation_rate(scenario)
+    return participation_sigma(target, rate, scenario.rounds, exposure, delta) * whole.factor
+
+
+def _target_problem(params: Any) -> str | None:
+    """Why a target epsilon cannot go with these parameters (None when it can)."""
+    if params.epsilon and params.sampling != "participation":
+        return (
+            f"epsilon={params.epsilon} is calibrated with the participation accountant (the simulated "
+            "mechanism); drop sampling=poisson or give sigma instead"
+        )
+    return None
 
 
 def _reported_delta() -> Any:
@@ -331,9 +365,10 @@ class FedSDP(Defense):
         delta: float = _reported_delta()
         accountant: Literal["rdp", "prv", "paper"] = param("rdp", _ACCOUNTANT_HELP)
         sampling: Literal["participation", "poisson"] = param("participation", _CLIENT_SAMPLING_HELP)
+        epsilon: float = _target_epsilon()
 
         def validate(self) -> str | None:
-            return _poisson_only(self, ("accountant",))
+            return _poisson_only(self, ("accountant",)) or _target_problem(self)
 
     # `sampling` (added with the participation accounting) changes only epsilon, computed outside the
     # cache: at its default it stays out of the key, so the run ids of the runs before it hold.
@@ -345,9 +380,13 @@ class FedSDP(Defense):
             return "noise=central is one noise on the server's sum; it needs placement=server"
         return None
 
-    def sigma_for(self, scenario: Scenario) -> float:
-        """The noise multiplier (a fixed param here; `dp-fedavg` calibrates it to a target epsilon)."""
-        return self.params.sigma
+    def sigma_for(self, scenario: Scenario, tensors: int | None = None) -> float:
+        """The noise multiplier: the sigma param, or with `epsilon` the one calibrated to it for the
+        model's M = `tensors` parameter tensors (`dp-fedavg` calibrates its flat clip)."""
+        p = self.params
+        if not p.epsilon:
+            return p.sigma
+        return calibrated_per_layer_sigma(p.epsilon, scenario, CLIENT_EXPOSURE, p.delta, tensors, self.name)
 
     def clip_update(self, delta: dict) -> dict:
         """Per-layer clipping to C (Algorithm 1); `dp-fedavg` clips the whole update."""
@@ -358,7 +397,7 @@ class FedSDP(Defense):
         clipped = self.clip_update(delta)
         if p.noise == "central":
             return clipped
-        std = self.sigma_for(ctx.scenario) * p.clip
+        std = self.sigma_for(ctx.scenario, len(delta)) * p.clip
         return {k: v + _gaussian_like(v, std, ctx.generator) for k, v in clipped.items()}
 
     def update(self, delta, ctx: HookContext):
@@ -377,7 +416,7 @@ class FedSDP(Defense):
         k = len(updates)
         mean = {n: sum(u[n] for u in updates) / k for n in updates[0]}
         if p.noise == "central":
-            std = self.sigma_for(ctx.scenario) * p.clip / k
+            std = self.sigma_for(ctx.scenario, len(updates[0])) * p.clip / k
             mean = {n: v + _gaussian_like(v, std, ctx.generator) for n, v in mean.items()}
         return mean
 
@@ -388,7 +427,7 @@ class FedSDP(Defense):
         round taken part in, sensitivity C*sqrt(M) per layer (C flat). `sampling=poisson`: the paper's
         Poisson client sampling at q = K_t/K with sensitivity C (`accountant=paper`: Table VI)."""
         p = self.params
-        sigma = self.sigma_for(scenario)
+        sigma = self.sigma_for(scenario, tensors)
         if p.sampling == "participation":
             whole = WholeSensitivity.of(self.per_layer, tensors, self.name)
             return _account_participation(
@@ -415,9 +454,24 @@ class _PerExampleDP(Defense):
     def clip_at(self, ctx: HookContext) -> float:
         raise NotImplementedError
 
-    def sigma_for(self, scenario: Scenario) -> float:
-        """The noise multiplier (a fixed param here; `dp-sgd` calibrates it to a target epsilon)."""
-        return self.params.sigma
+    def __init__(self, params: Any = None):
+        super().__init__(params)
+        self._train_size = 0
+
+    def bind_data(self, data: RunData) -> None:
+        self._train_size = data.train_size - len(data.reserved)  # the records the exposure counts
+
+    def sigma_for(
+        self, scenario: Scenario, tensors: int | None = None, train_size: int | None = None
+    ) -> float:
+        """The noise multiplier: the sigma param, or with `epsilon` (fed-cdp) the one calibrated to it
+        for M = `tensors` parameter tensors and the run's training records (`dp-sgd` calibrates a
+        flat clip)."""
+        p = self.params
+        if not getattr(p, "epsilon", 0.0):
+            return p.sigma
+        exposure = _exposure(scenario, train_size or self._train_size)
+        return calibrated_per_layer_sigma(p.epsilon, scenario, exposure, p.delta, tensors, self.name)
 
     def example_factors(self, grads: dict[str, Any], bound: float) -> dict[str, Any]:
         """Per-example clip factors [B] of each layer: per layer (the paper); `dp-sgd` clips flat."""
@@ -485,7 +539,11 @@ class _PerExampleDP(Defense):
         bound = self.clip_at(ctx)
         batch = _batch_size(grads)
         lot = self.lot_size(batch, ctx.scenario)
-        std = self.sigma_for(ctx.scenario) * bound / (math.sqrt(batch) if p.noise == "example" else lot)
+        std = (
+            self.sigma_for(ctx.scenario, len(grads))
+            * bound
+            / (math.sqrt(batch) if p.noise == "example" else lot)
+        )
         sums = self.clipped_sums(grads, bound)
         # divided last, as the mean of the clipped gradients always was (the same bits at lot = batch)
         return {k: s / lot + _gaussian_like(s, std, ctx.generator) for k, s in sums.items()}
@@ -508,7 +566,7 @@ class _PerExampleDP(Defense):
         the noisy steps of each round its client takes part in that hold it), sensitivity C*sqrt(M)
         per layer (C flat). `sampling=poisson`: the paper's Proposition 1 (`accountant=paper`: Table VI)."""
         p = self.params
-        sigma = self.sigma_for(scenario)
+        sigma = self.sigma_for(scenario, tensors, train_size)
         if p.sampling == "participation":
             whole = WholeSensitivity.of(self.per_layer, tensors, self.name)
             exposure = _exposure(scenario, train_size)
@@ -567,6 +625,10 @@ class FedCDP(_PerExampleDP):
     class Params(_PerExampleDPParams):
         sigma: float = _noise_multiplier("clip")
         clip: float = param(4.0, "per-layer L2 bound C on each per-example gradient", min=0, min_open=True)
+        epsilon: float = _target_epsilon()
+
+        def validate(self) -> str | None:
+            return super().validate() or _target_problem(self)
 
 
 def decayed_clip(schedule: str, start: float, end: float, rnd: int, rounds: int, stairs: int = 4) -> float:
