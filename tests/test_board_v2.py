@@ -84,6 +84,11 @@ def test_worst_attack_column_credits_every_tied_attack():
     )
     row = rank_board([e], "reid", 5.0).rows[0]
     assert _worst_attacks(row) == "c-best, d-good"
+    # two configurations of one attack stay apart by the parameters in which they differ
+    e = _entry(
+        "none", [0.9], {"lira[mode=offline,n=4]": [[1, 1, 0, 0]], "lira[mode=online,n=4]": [[1, 1, 1, 0]]}
+    )
+    assert _worst_attacks(rank_board([e], "reid", 5.0).rows[0]) == "lira[mode=online], lira[mode=offline]"
 
 
 def test_ranking_follows_the_method():

@@ -108,7 +108,25 @@ def _worst_attacks(row: Row) -> str:
     counts = Counter(a for tied in row.leakage.attack.values() for attacks in tied for a in attacks)
     if not counts:
         return "—"
-    return ", ".join(a.split("[", 1)[0] for a, _ in counts.most_common(2))
+    return ", ".join(distinct_names([a for a, _ in counts.most_common(2)]))
+
+
+def distinct_names(labels: list[str]) -> list[str]:
+    """Attack labels as short as they stay apart: the plugin name, plus the parameters in which labels
+    of the same plugin differ ('mia-lira-online[mode=online]', 'mia-lira-online[mode=offline]')."""
+
+    def parts(label: str) -> tuple[str, dict[str, str]]:
+        name, _, rest = label.partition("[")
+        pairs = [p.split("=", 1) for p in rest.rstrip("]").split(",") if "=" in p] if rest else []
+        return name, {k: v for k, v in pairs}
+
+    parsed = [parts(a) for a in labels]
+    out = []
+    for name, params in parsed:
+        others = [p for n, p in parsed if n == name and p is not params]
+        keys = [k for k in params if any(o.get(k) != params[k] for o in others)]
+        out.append(name + (f"[{','.join(f'{k}={params[k]}' for k in keys)}]" if keys else ""))
+    return out
 
 
 def build_table(board: Board, entries: list[dict[str, Any]]) -> V2Table:
