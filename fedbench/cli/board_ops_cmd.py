@@ -6,7 +6,6 @@ they feed; put one new defense configuration on a board without touching any oth
 from __future__ import annotations
 
 import datetime
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -22,82 +21,13 @@ from fedbench.cli._common import (
     literal,
     out,
 )
+from fedbench.cli.board_runs import _board_grid, _board_specs, _load_v2, _run_specs  # noqa: F401  (re-exported)
 from fedbench.cli.leaderboard_cmd import DirOption, _command
 from fedbench.cli.running import PresetDirOption
 from fedbench.errors import FedbenchError
 
 BoardArgument = Annotated[str, typer.Argument(help="Board name (a folder under --dir).", show_default=False)]
 StampOption = Annotated[bool, typer.Option("--stamp/--no-stamp", help="Write the result into board.json.")]
-
-
-def _board_grid(board, preset_dir, plugin):
-    """The board's preset expanded as it was built: the preset, --preset-dir folders and --plugin files
-    of its recorded `fedbench leaderboard build` command (relative to the folder it ran in), plus any
-    given here. Returns (preset path, extra folders)."""
-    import shlex
-
-    from fedbench.cli._common import load_plugins
-    from fedbench.spec.boards import resolve_boards
-
-    words = shlex.split(board.command)
-    if words[:3] != ["fedbench", "leaderboard", "build"] or len(words) < 4:
-        raise FedbenchError(
-            f"board {board.name} was written by '{board.command}', not 'fedbench leaderboard build': "
-            "rebuild it with 'fedbench leaderboard build' to verify or add to it"
-        )
-    dirs = [Path(w) for k, w in zip(words, words[1:], strict=False) if k == "--preset-dir"]
-    plugins = [Path(w) for k, w in zip(words, words[1:], strict=False) if k == "--plugin"]
-    load_plugins([*plugins, *(plugin or [])] or None)
-    extra = tuple(dirs) + tuple(preset_dir or ())
-    source = resolve_boards([words[3]], False, extra)[0]
-    return source.path, extra
-
-
-def _board_specs(board, grid, path, extra) -> list:
-    """The runs of a board's preset `grid`, with those of its `add -a` evaluations (the board's too)."""
-    from fedbench.spec.grid import Overrides, build_grid
-
-    every = list(grid.specs)
-    if board.external_attacks:
-        more = build_grid(path, Overrides(attacks=tuple(x.attack for x in board.external_attacks)), extra)
-        every += more.specs
-    return every
-
-
-def _load_v2(root: Path, name: str):
-    from fedbench.reporting import leaderboard as lb
-
-    lb.check_board_name(root, name)
-    board, entries = lb.load_board(root / name)
-    if board.board_version < 2 or any(
-        e.get("per_input") is None and e.get("per_seed") is None for e in entries
-    ):
-        raise FedbenchError(
-            f"board {name} is a v1 board (its entries keep no per-input values); rebuild it with "
-            f"'{board.command}' after adding primary and utility_budget to its preset's [grid.board]"
-        )
-    return board, entries
-
-
-def _run_specs(grid, specs, ctx_args, cache_dir: Path | None):
-    """Run `specs` of the board's `grid` (into `cache_dir`, or a fresh empty cache) and load their
-    results (whose sidecar keeps the grid's [grid.board], so they export as the board's entries).
-    Progress goes to stderr as `fedbench run` shows it: a bar on a terminal, a line per run in a log."""
-    import dataclasses
-    from collections import Counter
-
-    from fedbench.cli.running import run_with_progress
-    from fedbench.execution.cache import RunCache
-    from fedbench.execution.runner import RunContext
-    from fedbench.reporting.tables import load_results
-
-    data_root, threads, n_jobs = ctx_args
-    grid = dataclasses.replace(grid, specs=tuple(specs))
-    with tempfile.TemporaryDirectory(prefix="fedbench-verify-") as tmp:
-        cache = RunCache(cache_dir or Path(tmp) / "cache")
-        setup = RunContext(data_root=data_root, threads=threads)
-        records, path = run_with_progress(grid, setup, cache, Path(tmp) / "out", Counter(), n_jobs=n_jobs)
-        return load_results([path]), records
 
 
 @_command("verify")

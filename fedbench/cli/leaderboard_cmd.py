@@ -369,7 +369,7 @@ def build_cmd(
         if result.failure:
             failed.append(source.board)
         elif grid.board.get("realistic") and not sliced:  # the realistic protocol beside it (issue 30)
-            from fedbench.cli.board_realistic_cmd import attach_realistic
+            from fedbench.cli.board_runs import attach_realistic
 
             ctx_args = (ctx.data_root, threads, n_jobs)
             attach_realistic(root, source.board, ctx_args, cache.location, preset_dir, plugin)

@@ -48,9 +48,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedbench.defenses.fed_dp import (
+from fedbench.defenses.fed_dp import (  # participation_sigma: the memoised solver both modules use
     CLIENT_EXPOSURE,
-    Exposure,
     FedSDP,
     WholeSensitivity,
     _account,
@@ -62,6 +61,7 @@ from fedbench.defenses.fed_dp import (
     _PerExampleDPParams,
     _poisson_only,
     client_sizes,
+    participation_sigma,
 )
 from fedbench.errors import FedbenchError
 from fedbench.plugin import Paper, Scenario
@@ -90,14 +90,6 @@ def calibrated_sigma(target: float, q: float, steps: int, delta: float, accounta
     from fedbench.metrics.accounting import sigma_for_epsilon
 
     return sigma_for_epsilon(target, q, steps, delta, accountant).sigma  # type: ignore[arg-type]
-
-
-@functools.lru_cache(maxsize=256)
-def participation_sigma(target: float, p: float, rounds: int, exposure: Exposure, delta: float) -> float:
-    """The noise multiplier whose participation-level epsilon is at most `target` (memoised)."""
-    from fedbench.metrics.accounting import participation_sigma as solve
-
-    return solve(target, p, rounds, exposure.uses, delta, extra=exposure.extra).sigma
 
 
 @register_defense("dp-sgd", "dpsgd")

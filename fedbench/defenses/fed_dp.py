@@ -52,6 +52,7 @@ reproduces Table VI; `accountant` and `sample_rate` apply to `sampling=poisson` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -88,14 +89,20 @@ def _target_epsilon() -> Any:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def participation_sigma(target: float, p: float, rounds: int, exposure: Exposure, delta: float) -> float:
+    """The noise multiplier whose participation-level epsilon is at most `target` (memoised)."""
+    from fedbench.metrics.accounting import participation_sigma as solve
+
+    return solve(target, p, rounds, exposure.uses, delta, extra=exposure.extra).sigma
+
+
 def calibrated_per_layer_sigma(
     target: float, scenario: Scenario, exposure: Exposure, delta: float, tensors: int | None, who: str
 ) -> float:
     """sigma of a per-layer clipped mechanism whose participation epsilon is at most `target`: the flat
     mechanism's calibrated multiplier times sqrt(M), since per-layer clipping of M tensors to C bounds
     the whole by C*sqrt(M) (`WholeSensitivity`) and the noise std is sigma*C per coordinate."""
-    from fedbench.defenses.dp_calibrated import participation_sigma
-
     whole = WholeSensitivity.of(True, tensors, who)
     rate = _participation_rate(scenario)
     return participation_sigma(target, rate, scenario.rounds, exposure, delta) * whole.factor
