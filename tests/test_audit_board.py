@@ -162,3 +162,23 @@ def test_a_correct_dp_sgd_with_the_same_claim_and_none_are_not_flagged(board):
     # `none` leaks as much as broken-dp, but claims no epsilon: there is nothing to exceed
     assert none["eps_lower"]["max"] > CLAIM
     assert CORRECT not in flagged(readme) and "none" not in flagged(readme)
+
+
+def test_the_one_run_audit_catches_it_on_the_fedavg_boards_scenario(tmp_path):
+    """Issue 28: the audit refutes the broken claim on a board scenario other than membership: the FedAvg
+    inversion board's (500 one-record clients, 10 % per round, 5 local steps, 60 rounds), 200 mislabelled
+    canaries, one run. Measured: 80 of 100 guesses right, a lower bound of 0.60 against the claimed 0.05."""
+    import json
+
+    args = ["audit", "board-fedavg", "-D", BROKEN, "--plugin", str(PLUGIN), "--canaries", "200"]
+    try:
+        result = CliRunner().invoke(app, [*args, "--threads", "1", "--json"], catch_exceptions=False)
+    finally:
+        if "broken-dp" in registry.defenses.list():
+            registry.defenses.unregister("broken-dp")
+        for module in [m for m in sys.modules if m.startswith(f"fedbench_plugin_{PLUGIN.stem}_")]:
+            del sys.modules[module]
+    assert result.exit_code == 1, result.output  # a violation
+    row = json.loads(next(line for line in result.output.splitlines() if line.startswith("{")))
+    assert row["violation"] and row["formal_eps"] <= CLAIM * 1.001
+    assert row["eps_lower"] > 4 * CLAIM  # far above the claim, not at its edge

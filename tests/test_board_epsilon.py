@@ -23,13 +23,13 @@ def _entries(root: Path, board: str) -> dict[str, dict]:
 
 
 def _aged(tmp_path: Path) -> Path:
-    """A copy of the FedSGD board whose fed-cdp sigma=1 entry states the paper model's 13.6 (what the
+    """A copy of the FedSGD board whose fed-cdp sigma=6 entry states the paper model's 13.6 (what the
     FedAvg board published before the accountant was fixed)."""
     root = tmp_path / "boards"
     shutil.copytree(ROOT / BOARD, root / BOARD)
     res = CliRunner().invoke(app, ["leaderboard", "epsilon", BOARD, "--dir", str(root)])  # today's first
     assert res.exit_code == 0, res.output
-    path = root / BOARD / "entries" / "fed-cdp_clip_4_sigma_1.json"
+    path = root / BOARD / "entries" / "fed-cdp_clip_4_sigma_6.json"
     entry = json.loads(path.read_text())
     entry["metrics"]["epsilon"] = 13.6047
     entry["params"]["sampling"] = "poisson"
@@ -48,15 +48,15 @@ def test_epsilon_command_refreshes_an_aged_entry_and_nothing_else(tmp_path):
     assert res.exit_code == 0, res.output
     after = _entries(root, BOARD)
     changed = {k for k in before if before[k] != after[k]}
-    assert changed == {"fed-cdp_clip_4_sigma_1.json"}
-    entry = after["fed-cdp_clip_4_sigma_1.json"]
+    assert changed == {"fed-cdp_clip_4_sigma_6.json"}
+    entry = after["fed-cdp_clip_4_sigma_6.json"]
     # 10 clients of 100 records, all per round, 150 rounds of one B = 1 step, MLP 256 (4 tensors): the
     # committed (today's) epsilon again
-    committed = _entries(ROOT, BOARD)["fed-cdp_clip_4_sigma_1.json"]["metrics"]["epsilon"]
-    assert entry["metrics"]["epsilon"] == pytest.approx(committed, rel=1e-6) and committed > 20
+    committed = _entries(ROOT, BOARD)["fed-cdp_clip_4_sigma_6.json"]["metrics"]["epsilon"]
+    assert entry["metrics"]["epsilon"] == pytest.approx(committed, rel=1e-6) and 2 < committed < 3
     assert entry["params"]["sampling"] == "participation"
     assert "M=4 tensors" in entry["metrics"]["accountant"]
-    assert entry["run_ids"] == before["fed-cdp_clip_4_sigma_1.json"]["run_ids"]  # the same runs
+    assert entry["run_ids"] == before["fed-cdp_clip_4_sigma_6.json"]["run_ids"]  # the same runs
     res = runner.invoke(app, ["leaderboard", "check", BOARD, "--dir", str(root)])
     assert res.exit_code == 0, res.output  # re-rendered
     res = runner.invoke(app, ["leaderboard", "epsilon", BOARD, "--dir", str(root), "--check"])
