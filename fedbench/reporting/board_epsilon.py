@@ -7,14 +7,14 @@ epsilon without re-running a single attack: `refresh_epsilon` re-resolves the en
 with today's defaults, rebuilds the scenario, the dataset's training prefix and the model from the
 entry, and asks the defense's accountant.
 
-A defense that calibrates its noise to a target epsilon (dp-sgd, dp-fedavg) is not refreshed here:
+A defense that calibrates its noise to a target epsilon (dp-sgd, dp-fedavg; fed-cdp and fed-sdp given
+`epsilon`) is not refreshed here:
 its noise multiplier is part of the runs, so a change to its accountant changes the runs (its plugin
 `version` moves) and only a rebuild from the runs can say what they protect.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -53,7 +53,7 @@ def entry_accounting(entry: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None
     name, params = parse_pattern(entry["defense"])
     defense_spec = ComponentSpec.resolve("defense", name, params)
     defense = defense_spec.instantiate()
-    if "epsilon" in {f.name for f in dataclasses.fields(defense.params)}:
+    if getattr(defense.params, "epsilon", 0.0):  # a target (fed-cdp/fed-sdp take one only when > 0)
         raise NotRefreshable(
             f"{entry['defense']} calibrates its noise to a target epsilon: rebuild from runs"
         )
