@@ -223,7 +223,8 @@ def test_committed_runs_resolve_to_the_path_they_ran(board):
     with the `per_example` the entry states (materialise on the boards built before issue 29, whose
     presets now name it; ghost where the preset chose it), so `leaderboard verify` re-runs the path
     the numbers came from. A board whose preset moved on since it was built (none of its runs in the
-    grid, before issue 29 too: inversion-fedsgd) cannot be checked this way."""
+    grid, before issue 29 too: inversion-fedsgd) cannot be checked this way, nor a row its preset no
+    longer lists (a v1 board awaiting its rebuild); a row whose runs are partly in the grid fails."""
     from fedbench.spec.grid import build_grid
 
     meta, entries = _committed(board)
@@ -232,5 +233,7 @@ def test_committed_runs_resolve_to_the_path_they_ran(board):
         pytest.skip(f"{board}: its preset moved on since the board was built (no run in the grid)")
     for e in (e for e in entries if e["defense_name"] in FAMILY):
         found = [specs[r] for r in e["run_ids"] if r in specs]
+        if not found:  # a row the preset left (issue 30: 8 < epsilon <= 100) on a v1 board not yet rebuilt
+            continue
         assert len(found) == len(e["run_ids"]), e["defense"]
         assert {s.defense.params_dict["per_example"] for s in found} == {e["params"]["per_example"]}
