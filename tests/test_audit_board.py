@@ -166,11 +166,13 @@ def test_a_correct_dp_sgd_with_the_same_claim_and_none_are_not_flagged(board):
 
 def test_the_one_run_audit_catches_it_on_the_fedavg_boards_scenario(tmp_path):
     """Issue 28: the audit refutes the broken claim on a board scenario other than membership: the FedAvg
-    inversion board's (500 one-record clients, 10 % per round, 5 local steps, 60 rounds), 200 mislabelled
-    canaries, one run. Measured: 80 of 100 guesses right, a lower bound of 0.60 against the claimed 0.05."""
+    inversion board's (500 one-record clients, 10 % per round, 5 local steps) at 40 of its 60 rounds
+    (for the suite's time), 200 mislabelled canaries, one run. Measured: 65 of 80 guesses right, a lower
+    bound of 0.58 against the claimed 0.05 (at 60 rounds: 80/100, 0.60; dp-sgd with the same claim: 0)."""
     import json
 
     args = ["audit", "board-fedavg", "-D", BROKEN, "--plugin", str(PLUGIN), "--canaries", "200"]
+    args += ["--set", "scenario.rounds=40"]
     try:
         result = CliRunner().invoke(app, [*args, "--threads", "1", "--json"], catch_exceptions=False)
     finally:

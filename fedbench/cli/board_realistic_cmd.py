@@ -31,7 +31,7 @@ def realistic_cmd(
     plugin: PluginOption = None,
 ) -> None:
     """Does each attack still work in realistic FL? Run the board's realistic-protocol preset
-    ([grid.board] realistic: FedAvg on non-IID clients with dozens of records, local epochs of B >= 8,
+    (\\[grid.board] realistic: FedAvg on non-IID clients with dozens of records, local epochs of B >= 8,
     no defense, the victim's update attacked untrained, early and converged) and write each attack's
     success rates there beside its textbook rate (the board's none row), with exact intervals, into
     board.json and the board's README ("Works in realistic FL?"). The runs are cached like a build's;

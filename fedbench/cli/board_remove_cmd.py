@@ -33,7 +33,7 @@ def remove_cmd(
 
     Examples:
 
-      fedbench leaderboard remove my-board -D "fed-cdp[clip=4,sigma=1]" --reason "epsilon 26.9 > 8"
+      fedbench leaderboard remove my-board -D "fed-cdp\\[clip=4,sigma=1]" --reason "epsilon 26.9 > 8"
     """
     from fedbench.reporting import leaderboard as lb
     from fedbench.reporting.board_remove import removed_board

@@ -313,7 +313,7 @@ def build_cmd(
     The same runs as 'fedbench run PRESET' (served from the cache when they ran before), then what
     'fedbench export --to leaderboard' does. One line per board: its runs and seconds (with stderr
     redirected to a file, also a line per computed or failed run, cached runs summed up every few
-    seconds). A board whose preset names a realistic protocol ([grid.board] realistic) gets it too, as
+    seconds). A board whose preset names a realistic protocol (\\[grid.board] realistic) gets it too, as
     'fedbench leaderboard realistic' runs it. A failed run leaves that board as it was; the others are
     built, and the command exits 1
     naming it. A board records the command that rebuilt it (the preset, and --preset-dir and --plugin for
