@@ -170,8 +170,10 @@ train_size = 90
 eval_every = 2
 observe_round = 0
 victims = 2
+"""
 
-[[dataset]]
+# the components both tiny presets share: one row (none) and one cheap attack
+COMPONENTS = """[[dataset]]
 name = "mnist5k"
 
 [[model]]
@@ -185,7 +187,10 @@ name = "none"
 name = "fc-leakage"
 """
 
-REALISTIC = """
+BOARD += COMPONENTS
+
+REALISTIC = (
+    """
 [grid]
 name = "tiny-real-fedavg"
 description = "a tiny realistic federation: 3 non-IID clients of 30 digits, 1 local epoch of B = 8."
@@ -205,20 +210,9 @@ eval_every = 3
 observe = "update"
 observe_round = [0, 2]
 victims = 2
-
-[[dataset]]
-name = "mnist5k"
-
-[[model]]
-name = "mlp"
-params = { hidden = [16] }
-
-[[defense]]
-name = "none"
-
-[[attack]]
-name = "fc-leakage"
 """
+    + COMPONENTS
+)
 
 
 def test_build_puts_the_realistic_column_on_the_board_and_realistic_refreshes_it(tmp_path, monkeypatch):

@@ -65,15 +65,18 @@ def verdict(checkpoints: Sequence[dict[str, Any] | None], floor: Sequence[dict[s
     return "partly"
 
 
-def _per_input(frame, per_image: dict[str, dict[str, list]], column: str) -> dict[tuple, dict[int, list]]:
-    """(attack label, round) -> seed -> the run's per-input values of `column` (victims in run order)."""
-    out: dict[tuple, dict[int, list]] = defaultdict(dict)
+def _per_input(
+    frame, per_image: dict[str, dict[str, list]], *columns: str
+) -> list[dict[tuple, dict[int, list]]]:
+    """Per column: (attack label, round) -> seed -> the run's per-input values (victims in run order),
+    all columns read in one pass over the runs."""
+    out: list[dict[tuple, dict[int, list]]] = [defaultdict(dict) for _ in columns]
     for _, row in frame.iterrows():
-        values = (per_image.get(row["run_id"]) or {}).get(column)
-        if values is None:
-            continue
+        scores = per_image.get(row["run_id"]) or {}
         key = (str(row["attack"]), int(row["sc_observe_round"]))
-        out[key][int(row["seed"])] = [float(v) for v in values]
+        for table, column in zip(out, columns, strict=True):
+            if (values := scores.get(column)) is not None:
+                table[key][int(row["seed"])] = [float(v) for v in values]
     return out
 
 
@@ -123,8 +126,7 @@ def realistic_record(
         raise FedbenchError(f"preset {preset}: the realistic protocol runs without a defense (-D none only)")
     rounds = sorted({int(r) for r in ok["sc_observe_round"]})
     last = int(ok["sc_rounds"].iloc[0]) - 1
-    values = _per_input(ok, results.per_image, primary)
-    floors = _per_input(ok, results.per_image, FLOOR_COLUMN)
+    values, floors = _per_input(ok, results.per_image, primary, FLOOR_COLUMN)
     names = list(dict.fromkeys(str(a) for a in ok["attack"]))
     textbook = _textbook(none_entry, primary)
     floor = [rate(_flat(next((floors[(a, r)] for a in names if (a, r) in floors), {}))) for r in rounds]
@@ -135,8 +137,8 @@ def realistic_record(
             {
                 "attack": plugin_name(name),
                 "label": name,
-                "textbook_label": textbook_label(name, list(textbook)),
-                "textbook": textbook.get(textbook_label(name, list(textbook))),
+                "textbook_label": (beside := textbook_label(name, list(textbook))),
+                "textbook": textbook.get(beside),
                 "checkpoints": cps,
                 "works": verdict(cps, floor),
             }
