@@ -129,6 +129,39 @@ def test_board_page_shows_the_ranked_table_and_its_sections(committed_site):
     assert ", ".join(board.attack_suite) in html
 
 
+def test_v2_board_pages_show_the_tuning_rule_realistic_protocol_budget_check_and_removed_rows(committed_site):
+    """What a v2 board's README says beyond its table is on its page too: the tuning rule, the realistic
+    protocol's rates, the budget check, the verification stamp and the rows taken off; markdown links
+    become text naming the repository path (the site cannot follow a README's relative link)."""
+    from fedbench.reporting.board_realistic import realistic_table
+
+    seen = set()
+    for name in lb.board_names(COMMITTED):
+        board, _ = lb.load_board(COMMITTED / name)
+        html = (committed_site / name / site.PAGE).read_text()
+        assert "](" not in html, f"{name}: a markdown link left in the page"
+        if board.board_version < 2:
+            continue
+        if board.tuning:
+            assert "Tuning rule: " in html
+            seen.add("tuning")
+        assert ('<section id="realistic">' in html) == bool(board.realistic)
+        if board.realistic:
+            _, headers, rows = realistic_table(board.realistic)
+            cells = re.findall(
+                r"<td>(.*?)</td>", html.split('<section id="realistic">')[1].split("</section>")[0]
+            )
+            assert len(cells) == len(rows) * len(headers)
+            assert [c for c in cells if "%" in c][: len(rows[0]) - 2] == [c for c in rows[0][1:-1] if c]
+            seen.add("realistic")
+        assert ('<section id="attack-budgets">' in html) == bool(board.budget_check)
+        seen |= {"budget"} if board.budget_check else set()
+        assert ("Removed from this board after it was built" in html) == bool(board.removed)
+        seen |= {"removed"} if board.removed else set()
+        assert ('<section id="verified">' in html) == (board.verified is not None)
+    assert seen == {"tuning", "realistic", "budget", "removed"}, seen  # the committed boards exercise each
+
+
 def test_rank_stability_column_only_when_the_entries_have_it(board_root, tmp_path):
     site.build_site(board_root, tmp_path / "a")
     assert ">rank stability</th>" in (tmp_path / "a" / "synthetic" / site.PAGE).read_text()

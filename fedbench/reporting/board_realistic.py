@@ -193,8 +193,8 @@ def _cell(r: dict[str, Any] | None) -> str:
     return f"{100 * r['rate']:.0f} % [{100 * r['low']:.0f}, {100 * r['high']:.0f}] ({r['k']}/{r['n']})"
 
 
-def _row(first: str, textbook: dict[str, Any] | None, cells: Sequence[Any], works: str) -> str:
-    return " | ".join(["", first, _cell(textbook) if textbook else "", *map(_cell, cells), works, ""]).strip()
+def _row(first: str, textbook: dict[str, Any] | None, cells: Sequence[Any], works: str) -> list[str]:
+    return [first, _cell(textbook) if textbook else "", *map(_cell, cells), works]
 
 
 def _named(attack: dict[str, Any]) -> str:
@@ -203,13 +203,13 @@ def _named(attack: dict[str, Any]) -> str:
     return attack["label"] + (f" (board: {board})" if board and board != attack["label"] else "")
 
 
-def realistic_markdown(record: dict[str, Any]) -> str:
-    """The README section's body: what was run, then one row per attack (textbook beside realistic)."""
+def realistic_table(record: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """What was run (a paragraph), the table's headers and its rows: one per attack (textbook beside
+    realistic), then the worst case per record and the floor. The README and the site render it."""
     worst = record["worst"]
     heads = [f"{name}, round {r}" for name, r in zip(record["checkpoints"], record["rounds"], strict=True)]
-    lines = [
-        "| attack | textbook (this board's `none`) | " + " | ".join(heads) + " | works in realistic FL? |",
-        "|---|---|" + "---|" * len(heads) + "---|",
+    headers = ["attack", "textbook (this board's `none`)", *heads, "works in realistic FL?"]
+    rows = [
         *(_row(_named(a), a["textbook"], a["checkpoints"], a["works"]) for a in record["attacks"]),
         _row(
             "*any attack (worst case per record)*",
@@ -230,4 +230,15 @@ def realistic_markdown(record: dict[str, Any]) -> str:
         " checkpoint's lower bound exceeds the floor (the class-mean guess); partly otherwise. The textbook"
         " column is this board's own scenario and budgets."
     )
+    return intro, headers, rows
+
+
+def realistic_markdown(record: dict[str, Any]) -> str:
+    """The README section's body: what was run, then the table of `realistic_table`."""
+    intro, headers, rows = realistic_table(record)
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *(" | ".join(["", *row, ""]).strip() for row in rows),
+    ]
     return intro + "\n\n" + "\n".join(lines)

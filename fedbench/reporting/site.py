@@ -2,7 +2,9 @@
 
 One index page (a row per board) and per board a page with the sortable leaderboard, its scenario and
 threat model, the command that rebuilds it, the trade-off plot, the reconstruction thumbnails the board
-commits (`fedbench leaderboard thumbnails`) and the papers' reported numbers. Plain
+commits (`fedbench leaderboard thumbnails`) and the papers' reported numbers; for a v2 board also what
+its README says beyond the table: the tuning rule, the realistic protocol's rates ("works in realistic
+FL?"), the attack-budget check, the verification stamp and the rows taken off it. Plain
 HTML/CSS and a few lines of hand-written JS (`static/`), copied into the site: a page loads nothing
 from the network, so the folder can be opened from disk or served by any static host.
 
@@ -55,10 +57,20 @@ def _templates() -> jinja2.Environment:
     return env
 
 
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+_EMPHASIS = re.compile(r"(?<![\w*])\*([^*]+)\*(?![\w*])")
+
+
 def _code(text: str) -> markupsafe.Markup:
-    """Markdown's `code` spans (in the leaderboard module's notes) as <code>, the rest escaped."""
-    parts = str(markupsafe.escape(text)).split("`")
-    return markupsafe.Markup("".join(f"<code>{x}</code>" if i % 2 else x for i, x in enumerate(parts)))
+    """The inline markdown of the leaderboard module's notes as HTML, the rest escaped: `code` spans as
+    <code>, *emphasis* as <em>, and a link [text](path) as the text with its repository path (a page of
+    the site cannot follow a README's relative link: the site is served on its own)."""
+    escaped = _LINK.sub(lambda m: f"{m[1]} (`{m[2].lstrip('./')}`)", str(markupsafe.escape(text)))
+    parts = escaped.split("`")
+    html = "".join(
+        f"<code>{x}</code>" if i % 2 else _EMPHASIS.sub(r"<em>\1</em>", x) for i, x in enumerate(parts)
+    )
+    return markupsafe.Markup(html)
 
 
 # ---------------------------------------------------------------------------------------- tables
@@ -107,6 +119,17 @@ def v2_table(board: Board, t: Any) -> dict[str, Any]:
         "outside it (rank —) are listed after the ranked ones"
     )
     return {"caption": caption, "headers": headers, "rows": rows}
+
+
+def realistic_section(board: Board) -> dict[str, Any] | None:
+    """The realistic protocol beside the board's textbook rates (`board_realistic.realistic_table`), as
+    the README's section shows it; None when the board has not run one."""
+    from fedbench.reporting.board_realistic import realistic_table
+
+    if not board.realistic:
+        return None
+    intro, headers, rows = realistic_table(board.realistic)
+    return {"intro": intro, "headers": headers, "rows": rows}
 
 
 def scenario_rows(board: Board, entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -196,6 +219,8 @@ def board_page(
 ) -> None:
     """Write a board's page, its trade-off plot and its leaderboard.csv into `folder`, and a copy of its
     committed reconstruction thumbnails (`thumbnails`: the board's reconstructions.png) when it has them."""
+    from fedbench.reporting.board_remove import removed_note
+
     folder.mkdir(parents=True)
     no_plot = _plot(board, entries, folder / PLOT)
     if thumbnails is not None:
@@ -215,6 +240,9 @@ def board_page(
             plot="" if no_plot else PLOT,
             no_plot=no_plot,
             reported=reported_rows(board, entries, preset_dirs),
+            realistic=realistic_section(board),
+            budget_check=lb.budget_note(board.budget_check),
+            verified=lb.verified_note(board),
             notes=[
                 n
                 for n in (
@@ -222,6 +250,7 @@ def board_page(
                     board_notes.audit_note(board, entries),
                     board_notes.cost_note(board),
                     *(v2.notes if v2 is not None else ()),
+                    removed_note(board),
                 )
                 if n
             ],
