@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from fedbench.reporting.board_schema import BuildWall, parse
-from fedbench.reporting.build_wall import Invocation, describe, fingerprint, ledger_path, record
+from fedbench.reporting.build_wall import Invocation, describe, fingerprint, index_cell, ledger_path, record
 
 
 def call(seconds: float, computed: int, finished: bool, runs: int = 10) -> Invocation:
@@ -71,3 +71,14 @@ def test_without_a_cache_the_invocation_is_the_build():
 
 def test_fingerprint_names_the_grid_by_its_run_ids():
     assert fingerprint(["a", "b"]) == fingerprint(["b", "a"]) != fingerprint(["a", "c"])
+
+
+def test_the_index_states_a_wall_time_only_when_the_build_ran_from_empty():
+    wall = {"seconds": 3120.0, "runs": 38, "computed": 38, "from_empty": True, "invocations": 1}
+    wall |= {"n_jobs": "2", "threads": "1", "cores": 2, "date": "2026-11-28"}
+    assert index_cell(wall, 6000.0) == "52 min from empty, 2 cores"
+    assert index_cell({**wall, "seconds": 7300.0}, None) == "2.0 h from empty, 2 cores"
+    resumed = {**wall, "computed": 10, "from_empty": False}
+    assert index_cell(resumed, 34058.0) == "9.5 h compute; wall not timed from empty"
+    assert index_cell(None, 540.0) == "9 min compute; wall not timed from empty"
+    assert index_cell(None, None) == "wall not timed from empty"

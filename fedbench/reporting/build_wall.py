@@ -109,3 +109,17 @@ def describe(wall: dict) -> str:
     calls = wall["invocations"]
     resumed = f", in {calls} invocations (resumed)" if calls > 1 else ""
     return f"Wall time: {clock} on {how} ({source}{resumed}; {wall['date']})."
+
+
+def index_cell(wall: dict | None, compute_seconds: float | None) -> str:
+    """The index's build cell: the wall time from an empty cache ('52 min from empty, 2 cores'), else
+    the compute the board's runs sum to and why it is not a wall time ('9.5 h compute; wall not timed
+    from empty'): issue 30 asks for the first on every board."""
+
+    def clock(seconds: float) -> str:
+        return f"{seconds / 60:,.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+    if wall is not None and wall["from_empty"]:
+        return f"{clock(wall['seconds'])} from empty, {wall['cores']} cores"
+    compute = f"{clock(compute_seconds)} compute; " if compute_seconds else ""
+    return f"{compute}wall not timed from empty"

@@ -485,6 +485,7 @@ def render_readme_v2(board: Board, entries: list[dict[str, Any]], thumbnails: bo
     first, rows outside the utility budget apart; the realistic protocol's table when it was run."""
     from fedbench.reporting.board_realistic import realistic_markdown
     from fedbench.reporting.board_remove import removed_note
+
     table = build_table(board, entries)
     prim = metric(board.primary)
     knowledge = ", ".join(f"{k} {'known' if v else 'unknown'}" for k, v in board.knowledge.items())
@@ -543,6 +544,7 @@ def render_index(root: str | Path) -> str:
     cells are not padded to a common width: a row is as long as what it says (`MAX_ROW`), whatever the
     longest cell of another board."""
     from fedbench.reporting.board_index import adaptive_attacks, attack_names, v2_summary
+    from fedbench.reporting.build_wall import index_cell
 
     adaptive = adaptive_attacks()
     rows, links = [], []
@@ -559,10 +561,11 @@ def render_index(root: str | Path) -> str:
                 attack_names(board.attack_suite, adaptive),
                 headline,
                 top,
+                index_cell(board.build_wall.model_dump() if board.build_wall else None, board.build_seconds),
             ]
         )
         links.append(f"[{name}]: {name}/{README_FILE}")
-    headers = ["board", "v", "attack suite", "no defense: leakage", "rank 1"]
+    headers = ["board", "v", "attack suite", "no defense: leakage", "rank 1", "build"]
     lines = [headers, ["---"] * len(headers), *rows]
     table = "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
     return _templates().get_template("index.md.j2").render(table=table if rows else "", links=links)
