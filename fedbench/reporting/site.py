@@ -37,6 +37,7 @@ from fedbench.reporting import board_index, board_notes, ranking
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.board_schema import Board
 from fedbench.reporting.board_table import build_table
+from fedbench.reporting.build_wall import index_cell
 from fedbench.reporting.tables import Pivot, format_cell
 from fedbench.reporting.thumbnails import THUMBNAIL_FILE
 
@@ -191,6 +192,7 @@ class BoardSite:
     baseline_gap: str
     entries: int
     rank1: str
+    build: str
 
     @property
     def href(self) -> str:
@@ -273,16 +275,17 @@ def _summary(board: Board, entries: list[dict[str, Any]], adaptive: frozenset[st
         baseline_gap=headline,
         entries=len(entries),
         rank1=top,
+        build=index_cell(board.build_wall.model_dump() if board.build_wall else None, board.build_seconds),
     )
 
 
 def index_table(boards: list[BoardSite]) -> dict[str, Any]:
     """The index's table (as `table` returns one): a row per board, its name linking to its page; the
     same short cells as leaderboards/README.md (the attacks' parameters are on the board's page)."""
-    heads = ("board", "title", "attack suite", "no defense − baseline", "entries", "rank 1")
+    heads = ("board", "title", "attack suite", "no defense − baseline", "entries", "rank 1", "build")
     rows = []
     for b in boards:
-        texts = (b.name, b.title, b.attack_suite, b.baseline_gap, str(b.entries), b.rank1)
+        texts = (b.name, b.title, b.attack_suite, b.baseline_gap, str(b.entries), b.rank1, b.build)
         rows.append([{"text": t, "sort": t} for t in texts])
         rows[-1][0]["href"] = b.href
     return {
