@@ -74,11 +74,11 @@ def test_fingerprint_names_the_grid_by_its_run_ids():
 
 
 def test_the_index_states_a_wall_time_only_when_the_build_ran_from_empty():
-    wall = {"seconds": 3120.0, "runs": 38, "computed": 38, "from_empty": True, "invocations": 1}
+    wall = {"seconds": 2820.0, "runs": 38, "computed": 38, "from_empty": True, "invocations": 1}
     wall |= {"n_jobs": "2", "threads": "1", "cores": 2, "date": "2026-11-28"}
-    assert index_cell(wall, 6000.0) == "52 min from empty, 2 cores"
-    assert index_cell({**wall, "seconds": 7300.0}, None) == "2.0 h from empty, 2 cores"
+    assert index_cell(wall, 6000.0) == "47 min"
+    assert index_cell({**wall, "seconds": 7300.0}, None) == "2.0 h"
     resumed = {**wall, "computed": 10, "from_empty": False}
-    assert index_cell(resumed, 34058.0) == "9.5 h compute; wall not timed from empty"
-    assert index_cell(None, 540.0) == "9 min compute; wall not timed from empty"
-    assert index_cell(None, None) == "wall not timed from empty"
+    assert index_cell(resumed, 34058.0) == "(9.5 h CPU)"
+    assert index_cell(None, 540.0) == "(9 min CPU)"
+    assert index_cell(None, None) == "—"

@@ -112,14 +112,13 @@ def describe(wall: dict) -> str:
 
 
 def index_cell(wall: dict | None, compute_seconds: float | None) -> str:
-    """The index's build cell: the wall time from an empty cache ('52 min from empty, 2 cores'), else
-    the compute the board's runs sum to and why it is not a wall time ('9.5 h compute; wall not timed
-    from empty'): issue 30 asks for the first on every board."""
+    """The index's build cell, short: the wall time of the last build from an empty cache ('47 min'),
+    else, in parentheses, the CPU time the runs sum to ('(9.5 h CPU)'; '—' when unknown). Issue 30 asks
+    for the first on every board; the board's README says how it ran (cores, --n-jobs)."""
 
     def clock(seconds: float) -> str:
         return f"{seconds / 60:,.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
 
     if wall is not None and wall["from_empty"]:
-        return f"{clock(wall['seconds'])} from empty, {wall['cores']} cores"
-    compute = f"{clock(compute_seconds)} compute; " if compute_seconds else ""
-    return f"{compute}wall not timed from empty"
+        return clock(wall["seconds"])
+    return f"({clock(compute_seconds)} CPU)" if compute_seconds else "—"
