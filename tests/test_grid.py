@@ -208,6 +208,21 @@ def test_extends_one_level(tmp_path):
         build_grid(str(tmp_path / "grandchild.toml"))
 
 
+def test_extends_merges_the_board_table_key_by_key(tmp_path):
+    """A board at another batch size restates its name and title; its method (primary metric, utility
+    budget, tuning) comes from the base, so it cannot fall back to a version 1 board by omission. A slice
+    it declares replaces the base's."""
+    board = '[grid.board]\nname = "b1"\ntitle = "B = 1"\nprimary = "reid"\nutility_budget = 5\n'
+    board += '[grid.board.slice]\nseeds = 3\nvictims = 2\n'
+    _write(tmp_path, GOOD.replace("[scenario]", board + "[scenario]", 1), "base.toml")
+    child = '[grid]\nextends = "base"\nname = "child"\n[grid.board]\nname = "b8"\ntitle = "B = 8"\n'
+    merged = build_grid(_write(tmp_path, child + "[grid.board.slice]\nseeds = 1\n", "child.toml")).board
+    assert merged["name"] == "b8" and merged["title"] == "B = 8"
+    assert merged["primary"] == "reid" and merged["utility_budget"] == 5
+    assert merged["slice"] == {"seeds": 1}
+    assert build_grid(_write(tmp_path, child, "child2.toml")).board["slice"] == {"seeds": 3, "victims": 2}
+
+
 def test_bad_set_override(tmp_path):
     with pytest.raises(SpecError, match="only scenario"):
         build_grid(_write(tmp_path, GOOD), Overrides(sets=("defense.sigma=1",)))

@@ -12,6 +12,8 @@ parameters and those of `adaptive_params = {...}` they have, so boards take the 
 instead of one run per victim (`victim = [0, 1]`): `victims = 10` is clients 0..9 in one run,
 `victims = [0, 3, 7]` those clients in one run, `victims = [[0, 1], [2, 3]]` two runs. A preset gives
 `victim` or `victims`, not both; one set with `--set` (or by a preset that `extends`) replaces the other.
+A preset that `extends` another replaces its `[[...]]` blocks and `[grid.suite]` whole, and merges
+`[scenario]`, `[grid]` and `[grid.board]` key by key (a `[grid.board.slice]` it gives replaces the base's).
 `[[reported]]` rows carry a paper's own numbers. Everything is validated before any run: the file's
 shape against the schema (`fedbench.spec.preset_schema`), then unknown names and parameters and bad
 ranges as the grid expands; errors name the file and table.
@@ -153,6 +155,9 @@ def load_preset(path: Path, extra_dirs: tuple[str | Path, ...] = ()) -> dict[str
         merged = {k: v for k, v in base.items()}
         merged["grid"] = {**base.get("grid", {}), **data.get("grid", {})}
         merged["grid"].pop("extends", None)
+        if "board" in base.get("grid", {}) and "board" in data.get("grid", {}):
+            # key by key: a board at another batch size restates its name and title, not its method
+            merged["grid"]["board"] = {**base["grid"]["board"], **data["grid"]["board"]}
         merged["scenario"] = _victim_key_wins(base.get("scenario", {}), data.get("scenario", {}))
         for key in (*COMPONENTS, "reported"):
             if key in data:
