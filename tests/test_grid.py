@@ -213,7 +213,7 @@ def test_extends_merges_the_board_table_key_by_key(tmp_path):
     budget, tuning) comes from the base, so it cannot fall back to a version 1 board by omission. A slice
     it declares replaces the base's."""
     board = '[grid.board]\nname = "b1"\ntitle = "B = 1"\nprimary = "reid"\nutility_budget = 5\n'
-    board += '[grid.board.slice]\nseeds = 3\nvictims = 2\n'
+    board += "[grid.board.slice]\nseeds = 3\nvictims = 2\n"
     _write(tmp_path, GOOD.replace("[scenario]", board + "[scenario]", 1), "base.toml")
     child = '[grid]\nextends = "base"\nname = "child"\n[grid.board]\nname = "b8"\ntitle = "B = 8"\n'
     merged = build_grid(_write(tmp_path, child + "[grid.board.slice]\nseeds = 1\n", "child.toml")).board

@@ -70,6 +70,14 @@ def baseline_gap(board: Board) -> str:
     return f"{m.name} {sign}{m.fmt(gap.mean)}{interval}"
 
 
+def build_cell(board: Board) -> str:
+    """The index's build cell of a board (`build_wall.index_cell`): its wall time from an empty cache,
+    else the CPU time of its runs."""
+    from fedbench.reporting.build_wall import index_cell
+
+    return index_cell(board.build_wall.model_dump() if board.build_wall else None, board.build_seconds)
+
+
 def v2_summary(board: Board, entries: list[dict[str, Any]]) -> tuple[str, str]:
     """A v2 board's (headline, rank 1) cells: `none`'s primary rate beside the floor ('reid: none
     98.4%, floor 1.6%'; 'n/a' with a reason's first words), and the top ranked configuration, or what

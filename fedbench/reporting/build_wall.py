@@ -97,10 +97,14 @@ def _write(path: Path | None, state: dict) -> None:
     tmp.replace(path)
 
 
+def _clock(seconds: float) -> str:
+    """'47 min' under an hour, else '1.6 h'."""
+    return f"{seconds / 60:,.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
 def describe(wall: dict) -> str:
     """The README's wall-time sentence of a `BuildWall` record."""
-    hours = wall["seconds"] / 3600
-    clock = f"{wall['seconds'] / 60:,.0f} min" if hours < 1 else f"{hours:.1f} h"
+    clock = _clock(wall["seconds"])
     how = f"{wall['cores']} cores, --n-jobs {wall['n_jobs']} --threads {wall['threads']}"
     if wall["from_empty"]:
         source = "from an empty cache"
@@ -115,10 +119,6 @@ def index_cell(wall: dict | None, compute_seconds: float | None) -> str:
     """The index's build cell, short: the wall time of the last build from an empty cache ('47 min'),
     else, in parentheses, the CPU time the runs sum to ('(9.5 h CPU)'; '—' when unknown). Issue 30 asks
     for the first on every board; the board's README says how it ran (cores, --n-jobs)."""
-
-    def clock(seconds: float) -> str:
-        return f"{seconds / 60:,.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
-
     if wall is not None and wall["from_empty"]:
-        return clock(wall["seconds"])
-    return f"({clock(compute_seconds)} CPU)" if compute_seconds else "—"
+        return _clock(wall["seconds"])
+    return f"({_clock(compute_seconds)} CPU)" if compute_seconds else "—"

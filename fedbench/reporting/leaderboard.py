@@ -543,8 +543,7 @@ def render_index(root: str | Path) -> str:
     goes in a row), each board's name a reference link to its README, defined under the table. The
     cells are not padded to a common width: a row is as long as what it says (`MAX_ROW`), whatever the
     longest cell of another board."""
-    from fedbench.reporting.board_index import adaptive_attacks, attack_names, v2_summary
-    from fedbench.reporting.build_wall import index_cell
+    from fedbench.reporting.board_index import adaptive_attacks, attack_names, build_cell, v2_summary
 
     adaptive = adaptive_attacks()
     rows, links = [], []
@@ -561,7 +560,7 @@ def render_index(root: str | Path) -> str:
                 attack_names(board.attack_suite, adaptive),
                 headline,
                 top,
-                index_cell(board.build_wall.model_dump() if board.build_wall else None, board.build_seconds),
+                build_cell(board),
             ]
         )
         links.append(f"[{name}]: {name}/{README_FILE}")

@@ -37,7 +37,6 @@ from fedbench.reporting import board_index, board_notes, ranking
 from fedbench.reporting import leaderboard as lb
 from fedbench.reporting.board_schema import Board
 from fedbench.reporting.board_table import build_table
-from fedbench.reporting.build_wall import index_cell
 from fedbench.reporting.tables import Pivot, format_cell
 from fedbench.reporting.thumbnails import THUMBNAIL_FILE
 
@@ -275,7 +274,7 @@ def _summary(board: Board, entries: list[dict[str, Any]], adaptive: frozenset[st
         baseline_gap=headline,
         entries=len(entries),
         rank1=top,
-        build=index_cell(board.build_wall.model_dump() if board.build_wall else None, board.build_seconds),
+        build=board_index.build_cell(board),
     )
 
 
