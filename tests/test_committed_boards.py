@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "leaderboards"
 BOARDS = {
     "inversion-fedsgd-mnist5k-mlp": "board-fedsgd",
     "inversion-fedavg-mnist5k-mlp": "board-fedavg",
+    "inversion-fedsgd-mnist5k-cnn-b1": "board-cnn",
     "inversion-fedsgd-mnist5k-cnn-b8": "board-cnn-b8",
     "malicious-server-mnist5k-fcnn": "board-malicious",
     "malicious-imprint-mnist5k-fcnn": "board-malicious-imprint",
