@@ -102,7 +102,8 @@ def test_order_named_first_then_plain_then_adaptive(tmp_path):
     grid = build_grid(_write(tmp_path, cascade='["fc-leakage"]'))
     c = grid.cascade
     specs = [s for s in grid.specs if s.defense.label == "dp-gaussian[clip=1,sigma=10]"]
-    assert [s.attack.name for s in specs] == ["inverting-gradients", "noise-aware", "fc-leakage"]  # grid order
+    grid_order = ["inverting-gradients", "noise-aware", "fc-leakage"]
+    assert [s.attack.name for s in specs] == grid_order
     names = [specs[i].attack.name for i in c.sort_group(range(len(specs)), specs)]
     assert names == ["fc-leakage", "inverting-gradients", "noise-aware"]
 
