@@ -20,7 +20,7 @@ from fedbench.execution.record import RunRecord
 from fedbench.execution.runner import GridInterrupted, GridSetup, RunContext, RunEvent, check_grid, run_grid
 from fedbench.reporting.results import results_path, write_results
 from fedbench.spec.grid import Grid, Overrides, build_grid
-from fedbench.spec.run import ComponentSpec
+from fedbench.spec.run import ComponentSpec, RunSpec
 
 
 def create_defense(name: str, **params: Any):
@@ -59,16 +59,22 @@ def execute_grid(
     setup = ctx if isinstance(ctx, GridSetup) else check_grid(list(grid.specs), ctx, n_jobs)
     if out_dir is not None:  # a file in its place, a read-only or full disk: stop before any run
         writable_dir(out_dir)
+    specs = list(grid.specs)  # a cascade narrows them as they run: the sidecar keys the runs that ran
     try:
-        records = run_grid(list(grid.specs), cache, setup, on_event=on_event, fail_fast=fail_fast)
+        records = run_grid(specs, cache, setup, on_event=on_event, fail_fast=fail_fast, cascade=grid.cascade)
     except GridInterrupted as exc:
-        exc.path = _write_grid_results(grid, setup.ctx, exc.records, out_dir, command, True, on_event is None)
+        exc.path = _write_grid_results(
+            grid, specs, setup.ctx, exc.records, out_dir, command, True, on_event is None
+        )
         raise
-    return records, _write_grid_results(grid, setup.ctx, records, out_dir, command, False, on_event is None)
+    return records, _write_grid_results(
+        grid, specs, setup.ctx, records, out_dir, command, False, on_event is None
+    )
 
 
 def _write_grid_results(
     grid: Grid,
+    specs: list[RunSpec],
     ctx: RunContext,
     records: list[RunRecord],
     out_dir: str | Path | None,
@@ -92,11 +98,12 @@ def _write_grid_results(
             "command": command,
             "seeds": list(grid.seeds),
             "environment": environment(ctx.device),
-            "runs": {spec.run_id: spec.key() for spec in grid.specs},
+            "runs": {spec.run_id: spec.key() for spec in specs},
             "history": {r.utility_id: r.history for r in records if r.history is not None},
             "per_image": {r.run_id: r.per_image for r in records if r.per_image is not None},
             "reported": list(grid.reported),
             "board": grid.board,
+            "cascade": list(grid.cascade.order) if grid.cascade else [],
             "interrupted": interrupted,
             "finished_runs": len(records),
         }

@@ -561,9 +561,9 @@ def test_auto_jobs_moves_the_rest_to_one_worker_per_free_core_once_runs_are_long
     calls = []
     real = scheduler.run_on_workers
 
-    def spy(specs, groups, ctx, n_jobs, make_task, finish):
+    def spy(specs, groups, ctx, n_jobs, make_task, finish, prepare=None):
         calls.append((groups, n_jobs))
-        return real(specs, groups, ctx, n_jobs, make_task, finish)
+        return real(specs, groups, ctx, n_jobs, make_task, finish, prepare)
 
     monkeypatch.setattr(scheduler, "run_on_workers", spy)
     monkeypatch.setattr(runner, "PARALLEL_PAYS_AFTER_S", 0.0)  # every computed run "pays"

@@ -102,7 +102,7 @@ def verify_cmd(
 
     path, extra = _board_grid(b, preset_dir, plugin)
     grid = build_grid(path, Overrides(), extra_dirs=extra)
-    every = _board_specs(b, grid, path, extra)
+    every = _board_specs(b, grid, path, extra, entries)
     wanted = {x.run_id for x in chosen}
     specs = list({s.run_id: s for s in every if s.run_id in wanted}.values())
     missing = wanted - {s.run_id for s in specs}
@@ -199,6 +199,7 @@ def add_cmd(
       fedbench leaderboard add inversion-fedsgd-mnist5k-mlp -a "my-adaptive\\[steps=500]" --plugin mine.py
     """
     from fedbench.cli._common import cache_dir_option, data_root_option
+    from fedbench.execution.cascade import cascade_skipped
     from fedbench.reporting import leaderboard as lb
     from fedbench.reporting.board_build import build
     from fedbench.reporting.board_verify import source_digest
@@ -230,8 +231,8 @@ def add_cmd(
         raise FedbenchError(
             f"-D {taken[0]!r}: already on board {board}; its entry is entries/{lb.slug(taken[0])}.json"
         )
-    results, records = _run_specs(grid, grid.specs, ctx_args, cache_dir_option(cache_dir))
-    failed = [r for r in records if r.status != "ok"]
+    results, records = _run_specs(grid, grid.specs, ctx_args, cache_dir_option(cache_dir), cascade=True)
+    failed = [r for r in records if r.status != "ok" and not cascade_skipped(r)]
     if failed:
         raise FedbenchError(
             f"{len(failed)} run(s) of {defense[0]} failed (first: {failed[0]['attack']} seed "
@@ -345,7 +346,7 @@ def describe_cmd(
     current, entries = lb.load_board(root / board)
     path, extra = _board_grid(current, preset_dir, plugin)
     grid = build_grid(path, Overrides(), extra_dirs=extra)
-    ran = {s.run_id for s in _board_specs(current, grid, path, extra)}
+    ran = {s.run_id for s in _board_specs(current, grid, path, extra, entries)}
     stale = sorted({r for e in entries for r in e.get("run_ids", [])} - ran)
     if stale:  # the words would describe runs the board does not hold
         raise FedbenchError(

@@ -35,15 +35,37 @@ def _board_grid(board, preset_dir, plugin):
     return source.path, extra
 
 
-def _board_specs(board, grid, path, extra) -> list:
-    """The runs of a board's preset `grid`, with those of its `add -a` evaluations (the board's too)."""
+def _board_specs(board, grid, path, extra, entries=()) -> list:
+    """The runs of a board's preset `grid`, with those of its `add -a` evaluations (the board's too)
+    and the runs its attack cascade narrowed to fewer victims (as the `entries` record them)."""
     from fedbench.spec.grid import Overrides, build_grid
 
     every = list(grid.specs)
     if board.external_attacks:
         more = build_grid(path, Overrides(attacks=tuple(x.attack for x in board.external_attacks)), extra)
         every += more.specs
-    return every
+    return every + narrowed_specs(every, entries)
+
+
+def narrowed_specs(specs, entries) -> list:
+    """The specs of the entries' runs that a cascade narrowed: each is a run of `specs` (same defense,
+    attack and seed) on the victims its entry lists for that run."""
+    from fedbench.reporting.input_keys import victim_list
+
+    known = {s.run_id for s in specs}
+    base = {(s.defense.label, s.attack.label, str(s.seed)): s for s in specs if s.attack is not None}
+    out = []
+    for e in entries:
+        for attack, seeds in (e.get("per_input") or {}).items():
+            for seed, rec in seeds.items():
+                spec = base.get((e["defense"], attack, seed))
+                for run, victims in zip(rec.get("runs", []), rec.get("victims", []), strict=False):
+                    if spec is not None and run not in known:
+                        narrowed = spec.with_victims(victim_list(victims))
+                        if narrowed.run_id == run:
+                            out.append(narrowed)
+                            known.add(run)
+    return out
 
 
 def _load_v2(root: Path, name: str):
@@ -61,10 +83,12 @@ def _load_v2(root: Path, name: str):
     return board, entries
 
 
-def _run_specs(grid, specs, ctx_args, cache_dir: Path | None):
+def _run_specs(grid, specs, ctx_args, cache_dir: Path | None, cascade: bool = False):
     """Run `specs` of the board's `grid` (into `cache_dir`, or a fresh empty cache) and load their
     results (whose sidecar keeps the grid's [grid.board], so they export as the board's entries).
-    Progress goes to stderr as `fedbench run` shows it: a bar on a terminal, a line per run in a log."""
+    Progress goes to stderr as `fedbench run` shows it: a bar on a terminal, a line per run in a log.
+    `cascade`: run them in the board's attack cascade (a new row, as the build runs rows); otherwise
+    each run as given (a re-run of the runs a board recorded, a check at another budget)."""
     import dataclasses
     from collections import Counter
 
@@ -74,7 +98,7 @@ def _run_specs(grid, specs, ctx_args, cache_dir: Path | None):
     from fedbench.reporting.tables import load_results
 
     data_root, threads, n_jobs = ctx_args
-    grid = dataclasses.replace(grid, specs=tuple(specs))
+    grid = dataclasses.replace(grid, specs=tuple(specs), cascade=grid.cascade if cascade else None)
     with tempfile.TemporaryDirectory(prefix="fedbench-verify-") as tmp:
         cache = RunCache(cache_dir or Path(tmp) / "cache")
         setup = RunContext(data_root=data_root, threads=threads)

@@ -58,6 +58,7 @@ def thumbnails_cmd(
       fedbench leaderboard thumbnails inversion-fedavg-mnist5k-mlp --victims 2 --out /tmp/fedavg.png
     """
     from fedbench.cli._common import cache_dir_option, data_root_option, load_plugins
+    from fedbench.cli.board_runs import narrowed_specs
     from fedbench.errors import FedbenchError
     from fedbench.execution.cache import RunCache
     from fedbench.reporting import leaderboard as lb
@@ -73,7 +74,8 @@ def thumbnails_cmd(
     th.refuse_faces(b)
     extra = tuple(preset_dir or ())
     source = resolve_boards([b.preset or b.name], False, extra)[0]
-    specs = build_grid(source.path, extra_dirs=extra).specs
+    specs = list(build_grid(source.path, extra_dirs=extra).specs)
+    specs += narrowed_specs(specs, entries)  # the runs a cascade narrowed to fewer victims
     runs = th.board_runs(b, entries, specs, seed)
     runs = {e["defense"]: runs[e["defense"]] for _, e in ranking.ranked(b, entries)}
     location = cache_dir_option(cache_dir)

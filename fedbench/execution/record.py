@@ -104,3 +104,11 @@ def failed_record(spec: RunSpec, reason: str, seconds: float = float("nan")) -> 
     columns = base_columns(spec)
     columns.update(status="failed", from_cache=False, reason=reason[:500], seconds=seconds)
     return RunRecord(columns)
+
+
+def skipped_record(spec: RunSpec, reason: str) -> RunRecord:
+    """The record of a run that was not run, with the reason (the attack cascade's: nothing left to
+    attack). It took no time and is not cached: the same grid decides the same again."""
+    columns = base_columns(spec)
+    columns.update(status="skipped", from_cache=False, reason=reason[:500], seconds=0.0)
+    return RunRecord(columns)

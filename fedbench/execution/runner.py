@@ -35,9 +35,11 @@ from typing import Any
 from fedbench.errors import FedbenchError, RunFailure
 from fedbench.execution import placement, scheduler
 from fedbench.execution.cache import RunCache
+from fedbench.execution.cascade import Cascade
+from fedbench.execution.cascade import skip_reason as cascade_skip
 from fedbench.execution.derived import derived_key
 from fedbench.execution.placement import Backend
-from fedbench.execution.record import STOP_STATUSES, RunRecord, base_columns
+from fedbench.execution.record import STOP_STATUSES, RunRecord, base_columns, skipped_record
 from fedbench.execution.sources import code_digests
 from fedbench.plugin import Attack, Dataset, Defense, Model, using_artifacts
 from fedbench.spec.run import RunSpec, canonical_json, training_scenario
@@ -748,6 +750,7 @@ def run_grid(
     n_jobs: int = 1,
     on_event: Callable[[RunEvent], None] | None = None,
     fail_fast: bool = False,
+    cascade: Cascade | None = None,
 ) -> list[RunRecord]:
     """Run every spec; the records of the finished runs come back in grid order.
 
@@ -759,14 +762,33 @@ def run_grid(
     computed run takes `PARALLEL_PAYS_AFTER_S`, then the rest on one worker per free core (if there are
     two or more). `fail_fast` stops at the first failed or timed-out run (the
     records so far come back). Ctrl-C raises `GridInterrupted` carrying the finished records.
+    `cascade` (a board's `[grid.suite] cascade`, `fedbench.execution.cascade`): a training's runs go in
+    cascade order and each is narrowed, when it starts, to the victims its predecessors left; `specs`
+    (the caller's list) then holds the narrowed specs, the ones the records are of.
     """
     setup = ctx if isinstance(ctx, GridSetup) else check_grid(specs, ctx, n_jobs)
     ctx, n_jobs = setup.ctx, setup.n_jobs
     groups: dict[str, list[int]] = {}
     for i, spec in enumerate(specs):
         groups.setdefault(spec.utility_id, []).append(i)
+    if cascade is not None:
+        groups = {k: cascade.sort_group(g, specs) for k, g in groups.items()}
     records: list[RunRecord | None] = [None] * len(specs)
     done = 0
+
+    def prepare(i: int) -> RunRecord | None:
+        """Before run i starts: narrow it to the victims the cascade left, or its `skipped` record."""
+        spec = specs[i]
+        if cascade is None or not cascade.narrows(spec):
+            return None
+        group = groups[spec.utility_id]
+        earlier = [(specs[k], records[k]) for k in group[: group.index(i)]]
+        left = cascade.left(spec, earlier)
+        if not left:
+            return skipped_record(spec, cascade_skip(spec.attack.label, spec.victim_clients))
+        if left != spec.victim_clients:
+            specs[i] = spec.with_victims(left)
+        return None
 
     def finish(i: int, record: RunRecord) -> bool:
         """Record a finished run; True when the grid must stop (fail-fast)."""
@@ -785,7 +807,7 @@ def run_grid(
         def make_task(wctx: RunContext) -> WorkerTask:
             return WorkerTask(location, cache.force, wctx, plugins)
 
-        scheduler.run_on_workers(specs, indices, ctx, jobs, make_task, finish)
+        scheduler.run_on_workers(specs, indices, ctx, jobs, make_task, finish, prepare)
 
     threads_set = False
 
@@ -802,7 +824,8 @@ def run_grid(
     def here(order: list[int], until: Callable[[RunRecord], bool] = lambda r: False) -> list[int]:
         """Run `order` in this process until fail-fast stops the grid or `until(record)`; the rest."""
         for k, i in enumerate(order):
-            record = execute(specs[i], cache, ctx, set_threads)
+            early = prepare(i)
+            record = early if early is not None else execute(specs[i], cache, ctx, set_threads)
             if finish(i, record):
                 return []
             if until(record):

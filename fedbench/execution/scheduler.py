@@ -44,6 +44,7 @@ DIED = "worker process died while running it (out of memory or a crash in native
 Task = Callable[["RunSpec"], RunRecord]  # one run in a worker; picklable
 MakeTask = Callable[["RunContext"], Task]  # the task for the workers' context
 Finish = Callable[[int, RunRecord], bool]  # a run ended; True stops the grid
+Prepare = Callable[[int], RunRecord | None]  # before a run starts: None, or the record it ends with unrun
 
 
 @dataclass(frozen=True)
@@ -92,15 +93,26 @@ def run_on_workers(
     n_jobs: int,
     make_task: MakeTask,
     finish: Finish,
+    prepare: Prepare | None = None,
 ) -> None:
     """Run the grid on the backend `ctx.backend` names; `groups` are the grid indices per utility group."""
     open_workers = ray_tasks if ctx.backend == "ray" else loky_workers
     with open_workers(ctx, n_jobs, len(specs), make_task) as workers:
-        schedule(specs, groups, workers, finish)
+        schedule(specs, groups, workers, finish, prepare)
 
 
-def schedule(specs: list[RunSpec], groups: list[list[int]], workers: Workers, finish: Finish) -> None:
-    """The scheduling loop (see the module docstring); returns when every run ended or `finish` says stop."""
+def schedule(
+    specs: list[RunSpec],
+    groups: list[list[int]],
+    workers: Workers,
+    finish: Finish,
+    prepare: Prepare | None = None,
+) -> None:
+    """The scheduling loop (see the module docstring); returns when every run ended or `finish` says stop.
+
+    `prepare(i)`, called as run i is about to start (its group's earlier runs have finished), may
+    change `specs[i]` (the attack cascade narrows its victims) or return the record it ends with unrun.
+    """
     following = {g[k]: g[k + 1] for g in groups for k in range(len(g) - 1)}
     ready = [g[0] for g in groups]
     heapq.heapify(ready)
@@ -119,7 +131,16 @@ def schedule(specs: list[RunSpec], groups: list[list[int]], workers: Workers, fi
                 alone = False
                 while ready and len(in_flight) < workers.capacity:
                     i = heapq.heappop(ready)
+                    early = prepare(i) if prepare is not None else None
+                    if early is not None:  # ends unrun: its group's next run is ready at once
+                        if i in following:
+                            heapq.heappush(ready, following[i])
+                        if finish(i, early):
+                            return
+                        continue
                     in_flight[workers.submit(specs[i], alone=False)] = i
+            if not in_flight:  # every run started ended unrun (`prepare`): its followers are ready
+                continue
             for handle in sorted(workers.wait(list(in_flight)), key=in_flight.__getitem__):
                 i = in_flight.pop(handle)
                 outcome = workers.outcome(handle)

@@ -12,6 +12,7 @@ rendering the board are `leaderboard`'s.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from fedbench.metrics.catalogue import METRICS, metric
 from fedbench.reporting.board_inputs import entry_inputs
 from fedbench.reporting.board_schema import METHOD2_SCHEMA, SCHEMA_VERSION, Board, parse
 from fedbench.reporting.board_stats import headline_per_seed, stat_record, with_rank_stability
+from fedbench.reporting.input_keys import victim_list
 from fedbench.reporting.intervals import INPUT_COLUMNS, inputs_column
 from fedbench.reporting.ranking import is_missing, rounded
 from fedbench.reporting.tables import (
@@ -180,6 +182,7 @@ def build(
             "utility_budget": float(spec["utility_budget"]),
             "slice_of": str(spec.get("slice_of") or ""),
             "environment": compute_environment(),
+            "cascade": tuple(sidecar.get("cascade") or ()),
         }
         if method2
         else {}
@@ -315,6 +318,9 @@ def observation_view(ok, per_image: dict[str, dict[str, list]], varying: Sequenc
                 row[c] = float(pd.to_numeric(grp[c], errors="coerce").sum(min_count=len(grp)))
             row["run_id"] = "+".join(grp["run_id"])
             out_images[row["run_id"]] = _pooled_images(grp, per_image)
+            # the pooled victims, in the order of their images: the worst case matches inputs by victim
+            victims = [v for cell in grp[pooled[0]] for v in victim_list(cell)]
+            row[pooled[0]] = json.dumps(victims, separators=(",", ":"))
         row[RUNS_COLUMN] = float(len(grp))
         rows.append(row)
     merged = pd.DataFrame(rows, columns=columns) if rows else view.iloc[0:0]

@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from fedbench.metrics.catalogue import METRICS
+from fedbench.reporting.input_keys import victim_list
 from fedbench.reporting.intervals import ONE_PER_RUN, inputs_column, is_rate
 from fedbench.reporting.ranking import is_missing, rounded
 
@@ -30,16 +31,6 @@ def _number(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return rounded(f) if math.isfinite(f) else None
-
-
-def _victims(value: Any) -> list[Any]:
-    if isinstance(value, list | tuple):
-        return list(value)
-    if isinstance(value, str) and value.startswith("["):
-        import json
-
-        return list(json.loads(value))
-    return [value.item() if hasattr(value, "item") else value]
 
 
 def entry_inputs(runs, per_image: dict[str, dict[str, list]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -61,7 +52,7 @@ def entry_inputs(runs, per_image: dict[str, dict[str, list]]) -> tuple[dict[str,
                 complete = False
                 break
             n = lengths.pop()
-            shown = _victims(row["sc_victim"]) if "sc_victim" in row else [0]
+            shown = victim_list(row["sc_victim"]) if "sc_victim" in row else [0]
             victims.append(shown[0] if len(shown) == 1 else shown)
             counts.append(n)
             for m, arr in scores.items():

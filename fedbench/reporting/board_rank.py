@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from fedbench.metrics.catalogue import metric
+from fedbench.reporting.input_keys import input_keys, sort_key
 from fedbench.reporting.intervals import clopper_pearson, t95
 
 DRAWS = 2000
@@ -99,8 +100,9 @@ def _attacks(table: dict[str, Any] | None, keep: Keep) -> list[tuple[str, Any]]:
 
 def worst_per_input(entry: dict[str, Any], name: str, keep: Keep = None) -> Leakage:
     """The entry's primary `name` per input, worst case over its attacks (those `keep` accepts),
-    aligned by (seed, victim, position); or its per-seed counts when no attack kept per-input values of
-    it."""
+    aligned by (seed, victim, position among the victim's inputs: `input_keys`, so attacks that
+    covered different victims, as in a cascade, meet on the same inputs); or its per-seed counts when
+    no attack kept per-input values of it."""
     sign = metric(name).leakage_sign
     out = Leakage()
     by_seed: dict[int, dict[tuple[Any, int], tuple[float, tuple[str, ...]]]] = {}
@@ -112,11 +114,11 @@ def worst_per_input(entry: dict[str, Any], name: str, keep: Keep = None) -> Leak
             cells = by_seed.setdefault(_seed_key(s), {})
             pos = 0
             for victim, count in zip(rec["victims"], rec["counts"], strict=True):
-                for j in range(int(count)):
+                keys = input_keys(victim, int(count)) or [(str(victim), j) for j in range(int(count))]
+                for j, key in enumerate(keys):
                     v = values[pos + j]
                     if v is None:
                         continue
-                    key = (str(victim), j)
                     known = cells.get(key)
                     if known is None or sign * v > sign * known[0]:
                         cells[key] = (float(v), (attack,))
@@ -124,7 +126,7 @@ def worst_per_input(entry: dict[str, Any], name: str, keep: Keep = None) -> Leak
                         cells[key] = (known[0], (*known[1], attack))
                 pos += int(count)
     for s, cells in sorted(by_seed.items()):
-        keys = sorted(cells)
+        keys = sorted(cells, key=sort_key)
         out.inputs[s] = np.array([cells[k][0] for k in keys], dtype=float)
         out.attack[s] = [cells[k][1] for k in keys]
     if out.inputs:

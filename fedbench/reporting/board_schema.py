@@ -288,6 +288,8 @@ class Board(FileModel):
     # the realistic protocol beside the textbook one (`Realistic`), {} when the board declares none
     realistic: Annotated[dict[str, Any], AfterValidator(_realistic)] = {}
     removed: Annotated[tuple[RemovedRow, ...], Field(strict=False)] = ()  # `leaderboard remove`
+    # the attack cascade the build ran (`fedbench.execution.cascade`): the attacks first, in order
+    cascade: Annotated[tuple[str, ...], Field(strict=False)] = ()
 
     @model_validator(mode="after")
     def _method(self) -> Board:

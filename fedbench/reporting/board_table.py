@@ -312,6 +312,16 @@ def _notes(board: Board, ranking: Ranking) -> list[str]:
         )
     if ranking.unresolved:
         out.append(f"The primary metric is {ranking.unresolved}; the rows are not ranked by it.")
+    if board.cascade:
+        order = ", ".join(board.cascade)
+        out.append(
+            f"Attack cascade (AutoAttack's evaluation order): on every row but `none`, the suite's attacks "
+            f"ran one after another ({order}, then the others, each defense's adaptive attack last), each "
+            f"only on the victims whose inputs no earlier attack re-identified. The {prim.name} of a row "
+            "is what running every attack on every input gives (an input already re-identified cannot "
+            "score higher); a per-attack number of such a row covers only the inputs left to that "
+            "attack. `none` ran every attack on every input."
+        )
     out.append(f"ε above {100:g} is labelled noise: no meaningful DP guarantee.")
     return out
 

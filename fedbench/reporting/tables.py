@@ -44,6 +44,7 @@ from fedbench.metrics.catalogue import (
     attack_families,
     metric,
 )
+from fedbench.reporting.input_keys import input_keys, sort_key
 from fedbench.reporting.intervals import ONE_PER_RUN, RATE, inputs_column, summarise, t95
 
 Agg = Literal["mean", "median", "worst"]
@@ -473,9 +474,9 @@ def worst_case(
         keys = keys if isinstance(keys, tuple) else (keys,)
         arrays = [(per_image or {}).get(r, {}).get(m.name) for r in grp["run_id"]]
         arrays = [a if a is not None and all(v is not None for v in a) else None for a in arrays]
-        lengths = {len(a) for a in arrays if a is not None}
-        if per_image and all(a is not None for a in arrays) and len(lengths) == 1:
-            mat = np.asarray(arrays, dtype=float) * sign  # attacks x images, larger = leakier
+        mat = _inputs_matrix(arrays, list(grp["sc_victim"]) if "sc_victim" in grp else None)
+        if per_image and mat is not None:
+            mat = mat * sign  # attacks x inputs, larger = leakier; NaN: an input the attack did not cover
             win = np.nanargmax(mat, axis=0)
             value = float(np.mean(mat[win, np.arange(mat.shape[1])]) * sign)
             attack = list(grp["attack"])[Counter(win.tolist()).most_common(1)[0][0]]
@@ -489,6 +490,27 @@ def worst_case(
                 WorstSeed(_key(keys[:-1]), keys[-1], value, grp.loc[best, "attack"], False, inputs, PER_SEED)
             )
     return out
+
+
+def _inputs_matrix(arrays: list[list | None], victims: list[Any] | None):
+    """Attacks x inputs of one group's per-image scores, or None when an attack has none. Inputs are
+    matched by (victim, position) when every run says its victims (`input_keys`: a cascade's later
+    attacks cover fewer victims, NaN elsewhere), else by position when the runs have equal lengths."""
+    import numpy as np
+
+    if any(a is None for a in arrays) or not arrays:
+        return None
+    keyed = [input_keys(v, len(a)) for v, a in zip(victims, arrays, strict=True)] if victims else []
+    if keyed and all(k is not None for k in keyed):
+        union = sorted({k for ks in keyed for k in ks}, key=sort_key)
+        index = {k: i for i, k in enumerate(union)}
+        mat = np.full((len(arrays), len(union)), np.nan)
+        for row, (ks, a) in enumerate(zip(keyed, arrays, strict=True)):
+            mat[row, [index[k] for k in ks]] = np.asarray(a, dtype=float)
+        return mat
+    if len({len(a) for a in arrays}) == 1:
+        return np.asarray(arrays, dtype=float)
+    return None
 
 
 def _held_out_worst(att, m: Metric, by: Sequence[str], column: str | None) -> list[WorstSeed]:

@@ -31,8 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from fedbench.errors import FedbenchError, SpecError, UnknownNameError, did_you_mean
+from fedbench.execution.cascade import Cascade
+from fedbench.metrics.catalogue import metric
 from fedbench.plugin import Scenario
 from fedbench.registry import registry_for
+from fedbench.reporting.intervals import is_rate
 from fedbench.spec.applicability import adaptive_attacks, applicable_extras, pair_reason
 from fedbench.spec.params import is_sequence_param
 from fedbench.spec.patterns import parse_assignment, parse_pattern
@@ -80,6 +83,7 @@ class Grid:
     skipped: tuple[tuple[str, str, str], ...] = ()
     # (attack, reason) of the registered attacks a `[grid.suite]` leaves out by name
     excluded: tuple[tuple[str, str], ...] = ()
+    cascade: Cascade | None = None  # `[grid.suite] cascade`: the attack cascade of a board's build
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -444,7 +448,32 @@ def build_grid(
         board=dict(meta.get("board", {})),
         skipped=tuple((a, d, r) for (a, d), r in skipped.items()),
         excluded=tuple(dict(meta.get("suite", {}).get("exclude", {})).items()),
+        cascade=_cascade(meta, unique, source) if overrides.attacks is None else None,
     )
+
+
+def _cascade(meta: dict[str, Any], specs: list[RunSpec], source: str) -> Cascade | None:
+    """`[grid.suite] cascade`: the attacks it names must be in the grid, and the board's primary must be
+    a 0/1 rate per input (an input is done when an attack re-identified it)."""
+    order = list(meta.get("suite", {}).get("cascade", []))
+    if not order:
+        return None
+    primary = meta.get("board", {}).get("primary")
+    if not primary or not is_rate(metric(str(primary))):
+        raise SpecError(
+            f"{source}: [grid.suite] cascade needs [grid.board] primary to be a rate per input (e.g. "
+            f'primary = "reid"); got {primary!r}'
+        )
+    attacks = {s.attack.name for s in specs if s.attack is not None}
+    for name in order:
+        if name not in attacks:
+            raise SpecError(
+                f"{source}: [grid.suite] cascade names {name!r}, not an attack of this grid "
+                f"(its attacks: {', '.join(sorted(attacks))})"
+            )
+    if len(set(order)) != len(order):
+        raise SpecError(f"{source}: [grid.suite] cascade lists an attack twice: {order}")
+    return Cascade(tuple(order), metric(str(primary)).name)
 
 
 def _check_named_attacks(specs: list[RunSpec], skipped: dict[tuple[str, str], str], source: str) -> None:

@@ -63,6 +63,9 @@ class SuiteTable(FileModel):
     exclude: Annotated[
         dict[str, str], expect('a table of attack = "reason", e.g. exclude = { sdan-poisoning = "..." }')
     ] = {}
+    # the attack cascade (`fedbench.execution.cascade`): these attacks first, in this order; each later
+    # attack of a defended row runs only on the inputs no earlier one re-identified
+    cascade: Annotated[list[str], expect('a list of attack names, e.g. cascade = ["fc-leakage", "dlg"]')] = []
 
 
 class GridTable(FileModel):
