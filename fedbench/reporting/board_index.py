@@ -70,12 +70,24 @@ def baseline_gap(board: Board) -> str:
     return f"{m.name} {sign}{m.fmt(gap.mean)}{interval}"
 
 
-def build_cell(board: Board) -> str:
+def build_cell(board: Board, slice_board: Board | None = None) -> str:
     """The index's build cell of a board (`build_wall.index_cell`): its wall time from an empty cache,
-    else the CPU time of its runs."""
+    else the CPU time of its runs; then its committed slice's ('47 min; slice 9 min')."""
     from fedbench.reporting.build_wall import index_cell
 
-    return index_cell(board.build_wall.model_dump() if board.build_wall else None, board.build_seconds)
+    def cell(b: Board) -> str:
+        return index_cell(b.build_wall.model_dump() if b.build_wall else None, b.build_seconds)
+
+    return cell(board) + (f"; slice {cell(slice_board)}" if slice_board is not None else "")
+
+
+def index_boards(
+    loaded: Sequence[tuple[Board, list[dict[str, Any]]]],
+) -> list[tuple[Board, list[dict[str, Any]], Board | None]]:
+    """The boards an index lists, each with its committed slice (`board_slice`): a slice is no row of
+    its own, its build time sits in its full board's build cell."""
+    slices = {board.slice_of: board for board, _ in loaded if board.slice_of}
+    return [(board, entries, slices.get(board.name)) for board, entries in loaded if not board.slice_of]
 
 
 def v2_summary(board: Board, entries: list[dict[str, Any]]) -> tuple[str, str]:

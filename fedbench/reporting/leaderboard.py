@@ -543,12 +543,19 @@ def render_index(root: str | Path) -> str:
     goes in a row), each board's name a reference link to its README, defined under the table. The
     cells are not padded to a common width: a row is as long as what it says (`MAX_ROW`), whatever the
     longest cell of another board."""
-    from fedbench.reporting.board_index import adaptive_attacks, attack_names, build_cell, v2_summary
+    from fedbench.reporting.board_index import (
+        adaptive_attacks,
+        attack_names,
+        build_cell,
+        index_boards,
+        v2_summary,
+    )
 
     adaptive = adaptive_attacks()
     rows, links = [], []
-    for name in board_names(root):
-        board, entries = load_board(Path(root) / name)
+    loaded = [load_board(Path(root) / name) for name in board_names(root)]
+    for board, entries, part in index_boards(loaded):
+        name = board.name
         if board.board_version >= 2:
             headline, top = v2_summary(board, entries)
         else:
@@ -560,7 +567,7 @@ def render_index(root: str | Path) -> str:
                 attack_names(board.attack_suite, adaptive),
                 headline,
                 top,
-                build_cell(board),
+                build_cell(board, part),
             ]
         )
         links.append(f"[{name}]: {name}/{README_FILE}")

@@ -262,7 +262,9 @@ def board_page(
     (folder / PAGE).write_text(html, encoding="utf-8")
 
 
-def _summary(board: Board, entries: list[dict[str, Any]], adaptive: frozenset[str]) -> BoardSite:
+def _summary(
+    board: Board, entries: list[dict[str, Any]], part: Board | None, adaptive: frozenset[str]
+) -> BoardSite:
     if board.board_version >= 2:
         headline, top = board_index.v2_summary(board, entries)
     else:
@@ -274,7 +276,7 @@ def _summary(board: Board, entries: list[dict[str, Any]], adaptive: frozenset[st
         baseline_gap=headline,
         entries=len(entries),
         rank1=top,
-        build=board_index.build_cell(board),
+        build=board_index.build_cell(board, part),
     )
 
 
@@ -333,7 +335,7 @@ def build_site(
         html = (
             _templates()
             .get_template("site_index.html.j2")
-            .render(t=index_table([_summary(*b, adaptive) for b in loaded]))
+            .render(t=index_table([_summary(*b, adaptive) for b in board_index.index_boards(loaded)]))
         )
         (tmp / PAGE).write_text(html, encoding="utf-8")
         (tmp / MARKER).write_text("written by `fedbench leaderboard site`; replaced on rebuild\n")
