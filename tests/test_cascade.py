@@ -240,6 +240,8 @@ def test_a_cascaded_board_covers_every_input_once_and_says_how(cascaded_board):
     board = json.loads((folder / "board.json").read_text())
     assert board["cascade"] == ["fc-leakage", "inverting-gradients"]
     assert board["build_wall"]["from_empty"]  # the runs the cascade skipped were not read from a cache
+    grid = build_grid(cascaded_board / "presets" / "tiny-cascade.toml")
+    assert set(board["attack_suite"]) == {s.attack.label for s in grid.specs}  # skipped attacks included
     assert "Attack cascade (AutoAttack's evaluation order)" in (folder / "README.md").read_text()
     for defense, e in _entries(cascaded_board).items():
         leak = worst_per_input(e, "reid")

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedbench.errors import FedbenchError
+from fedbench.execution.cascade import SKIP_PREFIX
 from fedbench.metrics.catalogue import METRICS, metric
 from fedbench.reporting.board_inputs import entry_inputs
 from fedbench.reporting.board_schema import METHOD2_SCHEMA, SCHEMA_VERSION, Board, parse
@@ -91,7 +92,10 @@ def build(
     if "epsilon" in view:  # an infinite epsilon is the entry's business (`_epsilon`), not a mean's
         view = view.assign(epsilon=view["epsilon"].astype(float).replace([math.inf, -math.inf], math.nan))
     attacked = view[view["attack"] != ""]
-    suite = tuple(dict.fromkeys(attacked["attack"]))
+    # the suite: every attack that ran, and those the cascade left with nothing to attack on every row
+    skipped = frame[frame["status"] == "skipped"] if "reason" in frame else frame.iloc[0:0]
+    skipped = skipped[skipped["reason"].astype(str).str.startswith(SKIP_PREFIX)]
+    suite = tuple(dict.fromkeys([*attacked["attack"], *skipped["attack"]]))
     present = [m for m in ("psnr", "ssim", "lpips", "label_acc") if m in view and view[m].notna().any()]
     present = present or [m.name for ms in family_defaults(view) for m in ms]  # membership/attribute runs
     headline = spec.get("headline", present[0] if present else "psnr")

@@ -426,9 +426,12 @@ def is_adaptive(label: str) -> bool:
 
 
 def has_adaptive(entries: list[dict[str, Any]]) -> bool:
-    """Whether any entry holds results of an adaptive attack."""
+    """Whether the suite has an adaptive attack: results of one, or one in the suite that the attack
+    cascade never had to run (every input was re-identified before it)."""
     return any(
-        is_adaptive(a) for e in entries for table in ("per_input", "per_seed") for a in e.get(table) or {}
+        is_adaptive(a)
+        for e in entries
+        for a in [*(e.get("attack_suite") or []), *(e.get("per_input") or {}), *(e.get("per_seed") or {})]
     )
 
 
