@@ -276,3 +276,15 @@ def test_verify_reruns_narrowed_runs(cascaded_board, tmp_path, monkeypatch):
     res = runner.invoke(app, [*args, "--run", narrowed[0], "--threads", "1", "--no-stamp"])
     assert res.exit_code == 0, res.output
     assert ": pass" in res.output
+
+
+def test_a_rebuild_from_the_cache_keeps_the_wall_record(cascaded_board, tmp_path, monkeypatch):
+    for part in ("boards", "presets", "cache"):
+        shutil.copytree(cascaded_board / part, tmp_path / part)
+    monkeypatch.chdir(tmp_path)
+    wall = json.loads((tmp_path / "boards" / "tiny-cascade" / "board.json").read_text())["build_wall"]
+    args = ["leaderboard", "build", "tiny-cascade", "--preset-dir", "presets", "--dir", "boards"]
+    res = runner.invoke(app, [*args, "--cache-dir", str(tmp_path / "cache"), "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    again = json.loads((tmp_path / "boards" / "tiny-cascade" / "board.json").read_text())["build_wall"]
+    assert again == wall  # the skipped runs were decided again, nothing was computed: nothing measured

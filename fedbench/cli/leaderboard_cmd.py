@@ -219,9 +219,9 @@ def build_board(source: BoardSource, grid, setup, cache, root: Path, command: st
     def wall(finished: bool) -> dict | None:  # this invocation into the build's wall-time ledger
         call = Invocation(
             seconds=time.perf_counter() - started,
-            # a skipped run (the cascade left it nothing) is decided afresh, never read from the cache
-            computed=counts["done"] + counts["skipped"],
-            runs=len(grid.specs),
+            computed=counts["done"],
+            # a skipped run (the cascade left it nothing) is decided afresh: neither computed nor cached
+            runs=len(grid.specs) - counts["skipped"],
             n_jobs="auto" if setup.n_jobs == AUTO_JOBS else str(setup.n_jobs),
             threads=str(setup.ctx.threads or "all"),
             finished=finished,

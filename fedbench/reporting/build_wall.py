@@ -34,7 +34,7 @@ class Invocation:
 
     seconds: float
     computed: int  # runs computed (not served from the cache)
-    runs: int  # runs of the board's grid
+    runs: int  # runs of the board's grid that were computed or read from the cache (not those skipped)
     n_jobs: str
     threads: str
     finished: bool  # it wrote the board (False: interrupted or failed; the build goes on next time)
