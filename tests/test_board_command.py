@@ -280,4 +280,5 @@ def test_each_committed_board_records_the_command_its_build_records():
     for folder in sorted((ROOT / "leaderboards").glob("*/board.json")):
         board = json.loads(folder.read_text())
         (source,) = resolve_boards([board["preset"]], False)
-        assert board["command"] == rebuild_command(source), folder
+        sliced = " --slice" if board.get("slice_of") else ""  # a committed slice, built from its preset
+        assert board["command"] == rebuild_command(source) + sliced, folder

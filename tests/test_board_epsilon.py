@@ -15,7 +15,7 @@ from fedbench.cli import app
 from fedbench.reporting.board_epsilon import NotRefreshable, refresh_epsilon
 
 ROOT = Path(__file__).resolve().parent.parent / "leaderboards"
-BOARD = "inversion-fedsgd-mnist5k-mlp"  # its fed-cdp rows are the v1 method's, refreshable
+BOARD = "leakage-example-mnist5k-mlp"  # its fed-cdp rows are sigma-based (not calibrated), refreshable
 
 
 def _entries(root: Path, board: str) -> dict[str, dict]:
@@ -23,8 +23,8 @@ def _entries(root: Path, board: str) -> dict[str, dict]:
 
 
 def _aged(tmp_path: Path) -> Path:
-    """A copy of the FedSGD board whose fed-cdp sigma=6 entry states the paper model's 13.6 (what the
-    FedAvg board published before the accountant was fixed)."""
+    """A copy of the leakage-example board whose fed-cdp sigma=6 entry states the paper model's 13.6
+    (what the FedAvg board published before the accountant was fixed)."""
     root = tmp_path / "boards"
     shutil.copytree(ROOT / BOARD, root / BOARD)
     res = CliRunner().invoke(app, ["leaderboard", "epsilon", BOARD, "--dir", str(root)])  # today's first
@@ -50,10 +50,10 @@ def test_epsilon_command_refreshes_an_aged_entry_and_nothing_else(tmp_path):
     changed = {k for k in before if before[k] != after[k]}
     assert changed == {"fed-cdp_clip_4_sigma_6.json"}
     entry = after["fed-cdp_clip_4_sigma_6.json"]
-    # 10 clients of 100 records, all per round, 150 rounds of one B = 1 step, MLP 256 (4 tensors): the
+    # 10 clients of 100 records, all per round, 100 rounds of 3 B = 1 steps, MLP 256 (4 tensors): the
     # committed (today's) epsilon again
     committed = _entries(ROOT, BOARD)["fed-cdp_clip_4_sigma_6.json"]["metrics"]["epsilon"]
-    assert entry["metrics"]["epsilon"] == pytest.approx(committed, rel=1e-6) and 2 < committed < 3
+    assert entry["metrics"]["epsilon"] == pytest.approx(committed, rel=1e-6) and 3 < committed < 4
     assert entry["params"]["sampling"] == "participation"
     assert "M=4 tensors" in entry["metrics"]["accountant"]
     assert entry["run_ids"] == before["fed-cdp_clip_4_sigma_6.json"]["run_ids"]  # the same runs
