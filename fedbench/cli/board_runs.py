@@ -59,12 +59,13 @@ def narrowed_specs(specs, entries) -> list:
         for attack, seeds in (e.get("per_input") or {}).items():
             for seed, rec in seeds.items():
                 spec = base.get((e["defense"], attack, seed))
+                if spec is None:
+                    continue
                 for run, victims in zip(rec.get("runs", []), rec.get("victims", []), strict=False):
-                    if spec is not None and run not in known:
-                        narrowed = spec.with_victims(victim_list(victims))
-                        if narrowed.run_id == run:
-                            out.append(narrowed)
-                            known.add(run)
+                    narrowed = spec.with_victims(victim_list(victims)) if run not in known else None
+                    if narrowed is not None and narrowed.run_id == run:
+                        out.append(narrowed)
+                        known.add(run)
     return out
 
 
