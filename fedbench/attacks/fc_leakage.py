@@ -45,7 +45,7 @@ class _FCRecovery(ImageReconstructionAttack):
     """Common checks and `run` of the first-FC-layer attacks (not registered)."""
 
     observation_point = "update"
-    accepted_points: tuple[str, ...] = ("step", "update", "server")
+    accepted_points: tuple[str, ...] = ("example", "step", "update", "server")
 
     def check_model(self, model: Any) -> str | None:
         from fedbench.attacks._fc_recovery import first_layer_reason

@@ -184,29 +184,60 @@ def _peak_rss_mb() -> float:
 
 
 def compute_utility(job: Job) -> dict[str, Any]:
-    """Train with the defense for the scenario's rounds; accuracy/loss per round and at the end."""
-    from fedbench.fl.simulation import Simulation
+    """Train with the defense for the scenario's rounds; accuracy/loss per round and at the end.
 
-    spec, ctx, parts = job.spec, job.ctx, job.parts
-    start = time.perf_counter()
+    The training is `trained_model`'s, shared with the attacks that read the final model; `seconds` is
+    the training's own, whichever run computed it.
+    """
     bundle = job.bundle()
-    device = resolve_device(ctx.device)
-    sc = training_scenario(spec.scenario)  # keyed without the observation point: it must not see it
-    factory = parts.model_factory(bundle.meta)
-    sim = Simulation(sc, bundle, factory, parts.simulation_defense(), spec.seed, device)
-    result = sim.run()
-    if not (math.isfinite(result.test_acc) and not math.isnan(result.test_loss)):
-        raise RunFailure(f"non-finite test acc/loss after training ({result.test_acc}, {result.test_loss})")
+    device = resolve_device(job.ctx.device)
+    trained = trained_model(job, bundle, job.parts.model_factory(bundle.meta), device)
     return {
-        "test_acc": result.test_acc,
-        "test_loss": result.test_loss,
-        "history": result.history,
-        "client_sizes": result.client_sizes,
-        "n_train": len(sim.y_train),  # what the accountant needs (computed per row, outside the cache)
-        "seconds": time.perf_counter() - start,
+        **{k: trained[k] for k in ("test_acc", "test_loss", "history", "client_sizes", "n_train", "seconds")},
         "device": device,
-        "code": code_digests(spec, attack=False),  # an entry from other plugin or engine code: recomputed
+        "code": code_digests(job.spec, attack=False),  # an entry from other plugin or engine code: recomputed
     }
+
+
+TRAINED_MODEL = "trained-model"  # the artifact kind of `trained_model`
+
+
+def trained_model(job: Job, bundle: Any, factory: Callable[[], Any], device: str) -> dict[str, Any]:
+    """The run's FL training, computed once per training key (`RunSpec.utility_key`) and kept as an
+    artifact beside the runs: its utility (`compute_utility`'s fields, `seconds` its own wall time) and
+    its final global state (CPU tensors).
+
+    The utility run and every attack that reads the final model (the `model` observation point:
+    membership inference) share it, so a membership board trains each defense x seed once instead of
+    once per attack. It runs on the training scenario (without the observation point, as the utility
+    key is), with a fresh defense, so a run that observes the final model sees what its own simulation
+    would have recorded. Without an on-disk cache it trains on each call, as before.
+    """
+    from fedbench.fl.simulation import Simulation
+    from fedbench.plugin import artifact
+
+    spec, parts = job.spec, job.parts
+
+    def train() -> dict[str, Any]:
+        start = time.perf_counter()
+        sc = training_scenario(spec.scenario)  # keyed without the observation point: it must not see it
+        sim = Simulation(sc, bundle, factory, parts.simulation_defense(), spec.seed, device)
+        result = sim.run()
+        if not (math.isfinite(result.test_acc) and not math.isnan(result.test_loss)):
+            raise RunFailure(
+                f"non-finite test acc/loss after training ({result.test_acc}, {result.test_loss})"
+            )
+        return {
+            "test_acc": result.test_acc,
+            "test_loss": result.test_loss,
+            "history": result.history,
+            "client_sizes": result.client_sizes,
+            "n_train": len(sim.y_train),  # what the accountant needs (computed per row, outside the cache)
+            "seconds": time.perf_counter() - start,
+            "global_state": {k: v.detach().cpu().clone() for k, v in sim.global_state.items()},
+        }
+
+    return artifact(TRAINED_MODEL, canonical_json(spec.utility_key()), train)
 
 
 def _accounting(job: Job, utility: dict[str, Any]) -> tuple[dict[str, Any], list[str]] | None:
@@ -347,6 +378,7 @@ def _observations(
     while wanted:
         cohort = attack.observes_cohort or bool(spec.victims)
         request = ObservationRequest(attack.point_for(sc), sc.observe_round, wanted[0], cohort)
+        hook = attack.server_hook(bundle.meta)
         sim = Simulation(
             sc,
             bundle,
@@ -355,10 +387,13 @@ def _observations(
             spec.seed,
             device,
             observe=request,
-            server_hook=attack.server_hook(bundle.meta),
+            server_hook=hook,
             stop_after_observation=True,
         )
-        obs = sim.run().observation
+        if request.point == "model" and hook is None:  # the final model: the training the utility run shares
+            obs = sim.trained_observation(trained_model(job, bundle, factory, device)["global_state"])
+        else:
+            obs = sim.run().observation
         if obs is None:
             raise RunFailure(f"{attack.name}: no '{request.point}' observation was produced")
         if spec.victims:
