@@ -5,6 +5,8 @@ A RunCache owns the store; the runner makes it current for the duration of a run
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -99,11 +101,36 @@ def test_a_run_uses_its_cache_store_and_a_damaged_artifact_is_noted_in_its_recor
     for entry in (tmp_path / "c").rglob("output.pkl"):
         if "_artifact_entry" in str(entry):
             entry.write_bytes(b"")
-    forced = execute(_spec(), RunCache(tmp_path / "c", force=True), RunContext(threads=1))
-    assert forced["status"] == "ok" and len(SOLVED) == 2  # --force retrains; the damaged artifact is redone
-    (line,) = forced.warnings
+    other = execute(dataclasses.replace(_spec(), seed=1), cache, RunContext(threads=1))  # a new run reads it
+    assert other["status"] == "ok" and len(SOLVED) == 2  # the damaged artifact is redone once
+    (line,) = other.warnings
     assert line.startswith("corrupted test-user artifact cache entry")
+    forced = execute(_spec(), RunCache(tmp_path / "c", force=True), RunContext(threads=1))
+    assert forced["status"] == "ok" and len(SOLVED) == 3  # --force retrains and redoes the artifact, once
+    assert not forced.warnings
     execute(_spec(), RunCache(None), RunContext(threads=1))  # --no-cache: each client computes it
-    assert len(SOLVED) == 4
-    artifact("test-user", '{"k": 1}', _solve)  # after the run its store is no longer current
     assert len(SOLVED) == 5
+    artifact("test-user", '{"k": 1}', _solve)  # after the run its store is no longer current
+    assert len(SOLVED) == 6
+
+
+def test_the_utility_run_and_an_attack_on_the_final_model_share_one_training(tmp_path, monkeypatch):
+    """A membership attack reads the final model of the training its utility run computed (the
+    `trained-model` artifact), so a defense x seed trains once, not once per attack; without a cache
+    each trains, and the numbers are the same either way."""
+    from fedbench.fl.simulation import Simulation
+
+    runs = []
+    real_run = Simulation.run
+    monkeypatch.setattr(Simulation, "run", lambda self: runs.append(self.observe) or real_run(self))
+    spec = tiny_spec("attack", "mia-loss")
+    cache = RunCache(tmp_path / "c")
+    shared = execute(spec, cache, RunContext(threads=1))
+    assert shared["status"] == "ok" and runs == [None]  # one training; the attack ran none of its own
+    other = dataclasses.replace(spec, attack=tiny_spec("attack", "mia-direct").attack)
+    assert execute(other, cache, RunContext(threads=1))["status"] == "ok" and runs == [None]
+    runs.clear()
+    alone = execute(spec, RunCache(None), RunContext(threads=1))
+    assert runs == [None, None]  # no cache: the utility run and the attack each train
+    for column in ("test_acc", "mia_auc", "mia_acc"):
+        assert alone[column] == shared[column]

@@ -144,3 +144,20 @@ def test_end_to_end_row_with_psnr(tmp_path, attack):
 def test_skipped_on_lenet_end_to_end(tmp_path, attack):
     row = execute(_spec(attack, model="lenet"), RunCache(tmp_path / "c"), RunContext())
     assert row["status"] == "skipped" and "fully connected" in row["reason"]
+
+
+def test_fc_leakage_recovers_a_per_example_gradient_exactly(tmp_path):
+    """The `example` observation (one record's gradient inside local training, Fed-CDP's leakage type 2)
+    is a B = 1 gradient: the analytic recovery gives that record exactly (PSNR at the 100 dB cap)."""
+    spec = _spec(
+        "fc-leakage",
+        model="mlp",
+        model_params={"hidden": [64]},
+        protocol="fedavg",
+        local_steps=2,
+        batch_size=1,
+        observe="example",
+    )
+    row = execute(spec, RunCache(tmp_path / "c"), RunContext())
+    assert row["status"] == "ok", row.get("reason")
+    assert row["psnr"] == pytest.approx(100.0)

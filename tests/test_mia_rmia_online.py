@@ -185,7 +185,10 @@ def test_fl_references_are_runs_of_the_targets_protocol_and_defense(monkeypatch)
     dp = ("dp-gaussian", {"sigma": 0.02, "clip": 0.5})
     spec = _spec("mia-lira-online", {"references_n": 4}, seed=3, defense=dp)
     result = compute_attack(Job(spec, RunContext()))
-    target, *references = seen  # the attack's own simulation first, then one run per reference
+    # the attack's own simulation first, then the target's training (no cache: `trained_model` trains),
+    # then one run per reference
+    target, trained, *references = seen
+    assert trained[2:] == target[2:] and trained[0].rounds == target[0].rounds
     assert len(references) == 4
     extra = result["output"]["extra"]
     assert extra["reference_rounds"] == [3] and extra["reference_clients"] == [4]
@@ -207,7 +210,7 @@ def test_fl_references_are_one_artifact_for_two_target_seeds(tmp_path, monkeypat
     assert [r["status"] for r in rows] == ["ok", "ok"], [r.get("reason") for r in rows]
     assert len(trained) == 2  # seed 1 reads seed 0's two references
     entries = [p for p in (tmp_path / "cache").rglob("output.pkl") if "_artifact_entry" in str(p)]
-    assert len(entries) == 2
+    assert len(entries) == 4  # the two references and each seed's trained target (`trained-model`)
 
 
 def test_a_diverged_fl_reference_is_redrawn_with_its_next_seed(monkeypatch):

@@ -91,15 +91,25 @@ class ArtifactStore:
 
     `get` is what `fedbench.plugin.artifact` calls while a run of this cache executes. An entry that fails
     to load, or that was computed by code that has changed since (the digest of the module defining
-    `compute` is stored with the value), is recomputed with one line in the cache's warnings.
+    `compute` is stored with the value), is recomputed with one line in the cache's warnings. With
+    `force` (`--force`: recompute every run) each entry is recomputed the first time this store is
+    asked for it, then served: an artifact is part of the runs that read it (the shared training of
+    `fedbench.execution.runner.trained_model` is one), and a forced grid recomputes it once per process,
+    not once per run.
     """
 
     def __init__(
-        self, memory: Any, warnings: list[str], locked: Callable[[str, str], AbstractContextManager[None]]
+        self,
+        memory: Any,
+        warnings: list[str],
+        locked: Callable[[str, str], AbstractContextManager[None]],
+        force: bool = False,
     ):
         self._func = memory.cache(_artifact_entry, ignore=["compute"])
         self._warnings = warnings  # the RunCache's own list: a run's record takes them with the rest
         self._locked = locked  # the RunCache's lock of one entry (what, key)
+        self._force = force
+        self._redone: set[tuple[str, str]] = set()  # (kind, key) recomputed by this store under force
 
     def get(self, kind: str, key: str, compute: Callable[[], Any]) -> Any:
         """The artifact `kind` with canonical JSON `key`; `compute()` runs only on a miss."""
@@ -115,7 +125,12 @@ class ArtifactStore:
 
         args = (kind, key, stamped)
         lock, what = self._locked("artifact", f"{kind}\n{key}"), f"{kind} artifact"
-        value = _load_or_compute_once(self._func, args, lock, what, key, self._warnings, check)[0]
+        if self._force and (kind, key) not in self._redone:
+            with lock:
+                value = self._func.call(*args)[0]
+            self._redone.add((kind, key))
+        else:
+            value = _load_or_compute_once(self._func, args, lock, what, key, self._warnings, check)[0]
         return value["value"] if _is_stamped(value) else value  # an entry from before stamps: as stored
 
 
@@ -291,7 +306,7 @@ class RunCache:
                 "attack": self._memory.cache(_attack_entry, ignore=["job", "compute"]),
             }
             self._derived = self._memory.cache(_derived_entry, ignore=["compute"])
-            self.artifacts = ArtifactStore(self._memory, self._warnings, self._locked)
+            self.artifacts = ArtifactStore(self._memory, self._warnings, self._locked, force)
 
     @property
     def enabled(self) -> bool:

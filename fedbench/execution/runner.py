@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from fedbench.errors import FedbenchError, RunFailure
@@ -184,16 +184,34 @@ def _peak_rss_mb() -> float:
 
 
 def compute_utility(job: Job) -> dict[str, Any]:
-    """Train with the defense for the scenario's rounds; accuracy/loss per round and at the end."""
+    """Train with the defense for the scenario's rounds; accuracy/loss per round and at the end.
+
+    A run whose attack reads the final model takes the training from `trained_model`, shared with
+    the other attacks of that defense x seed; `seconds` is the training's own, whichever run computed it.
+    """
+    bundle = job.bundle()
+    device = resolve_device(job.ctx.device)
+    factory = job.parts.model_factory(bundle.meta)
+    if reads_final_model(job, bundle.meta):
+        trained = trained_model(job, bundle, factory, device)
+    else:
+        trained = _train(job, bundle, factory, device)
+    return {
+        **{k: trained[k] for k in ("test_acc", "test_loss", "history", "client_sizes", "n_train", "seconds")},
+        "device": device,
+        "code": code_digests(job.spec, attack=False),  # an entry from other plugin or engine code: recomputed
+    }
+
+
+def _train(job: Job, bundle: Any, factory: Callable[[], Any], device: str) -> dict[str, Any]:
+    """The run's FL training on the training scenario (without the observation point, as the utility
+    key is) with a fresh defense: its utility, its wall time and its final global state (CPU tensors)."""
     from fedbench.fl.simulation import Simulation
 
-    spec, ctx, parts = job.spec, job.ctx, job.parts
+    spec = job.spec
     start = time.perf_counter()
-    bundle = job.bundle()
-    device = resolve_device(ctx.device)
     sc = training_scenario(spec.scenario)  # keyed without the observation point: it must not see it
-    factory = parts.model_factory(bundle.meta)
-    sim = Simulation(sc, bundle, factory, parts.simulation_defense(), spec.seed, device)
+    sim = Simulation(sc, bundle, factory, job.parts.simulation_defense(), spec.seed, device)
     result = sim.run()
     if not (math.isfinite(result.test_acc) and not math.isnan(result.test_loss)):
         raise RunFailure(f"non-finite test acc/loss after training ({result.test_acc}, {result.test_loss})")
@@ -204,9 +222,39 @@ def compute_utility(job: Job) -> dict[str, Any]:
         "client_sizes": result.client_sizes,
         "n_train": len(sim.y_train),  # what the accountant needs (computed per row, outside the cache)
         "seconds": time.perf_counter() - start,
-        "device": device,
-        "code": code_digests(spec, attack=False),  # an entry from other plugin or engine code: recomputed
+        "global_state": {k: v.detach().cpu().clone() for k, v in sim.global_state.items()},
     }
+
+
+def reads_final_model(job: Job, meta: Any) -> bool:
+    """Whether the run's attack observes the final global model of an honest training (the `model` point,
+    no server hook: membership inference), which `trained_model` shares across the attacks."""
+    attack = job.parts.attack
+    return (
+        attack is not None
+        and attack.point_for(job.spec.scenario) == "model"
+        and attack.server_hook(meta) is None
+    )
+
+
+TRAINED_MODEL = "trained-model"  # the artifact kind of `trained_model`
+
+
+def trained_model(job: Job, bundle: Any, factory: Callable[[], Any], device: str) -> dict[str, Any]:
+    """`_train`'s result, computed once per training and kept as an artifact beside the runs.
+
+    The utility run and every attack that reads the final model (`reads_final_model`) share it, so a
+    membership board trains each defense x seed once instead of once per attack; an attack that stops
+    at an earlier round simulates up to it as before, and a utility-only run trains without storing a
+    model. The key is the training's (`RunSpec.utility_key`) with the digests of the code that trains
+    (`code_digests`, as the utility entry stores them), so an edited plugin or engine trains anew. Without
+    an on-disk cache it trains on each call.
+    """
+    from fedbench.plugin import artifact
+
+    spec = job.spec
+    key = canonical_json({"training": spec.utility_key(), "code": code_digests(spec, attack=False)})
+    return artifact(TRAINED_MODEL, key, partial(_train, job, bundle, factory, device))
 
 
 def _accounting(job: Job, utility: dict[str, Any]) -> tuple[dict[str, Any], list[str]] | None:
@@ -347,6 +395,7 @@ def _observations(
     while wanted:
         cohort = attack.observes_cohort or bool(spec.victims)
         request = ObservationRequest(attack.point_for(sc), sc.observe_round, wanted[0], cohort)
+        hook = attack.server_hook(bundle.meta)
         sim = Simulation(
             sc,
             bundle,
@@ -355,10 +404,13 @@ def _observations(
             spec.seed,
             device,
             observe=request,
-            server_hook=attack.server_hook(bundle.meta),
+            server_hook=hook,
             stop_after_observation=True,
         )
-        obs = sim.run().observation
+        if request.point == "model" and hook is None:  # `reads_final_model`: the utility run's training
+            obs = sim.trained_observation(trained_model(job, bundle, factory, device)["global_state"])
+        else:
+            obs = sim.run().observation
         if obs is None:
             raise RunFailure(f"{attack.name}: no '{request.point}' observation was produced")
         if spec.victims:

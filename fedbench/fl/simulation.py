@@ -1036,24 +1036,38 @@ class Simulation:
         result.test_acc = result.history[-1]["test_acc"]
         result.test_loss = result.history[-1]["test_loss"]
         if self.observe is not None and self.observe.point == "model":
-            self.model.load_state_dict(self.global_state)
-            self.observation = Observation(
-                point="model",
-                round=self.sc.rounds,
-                client=self.observe.client,  # the victim whose membership is attacked (RunData has its data)
-                kind="model",
-                shared={},
-                global_state=_clone_state(self.model),
-                x_true=self.x_train,
-                y_true=self.y_train,
-                lr=self.sc.lr,
-                local_steps=0,
-                batch_size=self.sc.batch_size,
-                model_mode="eval",
-                defense_hooks=self._hooks_before("model"),
-            )
+            self.observation = self._model_observation()
         result.observation = self.observation
         return result
+
+    def trained_observation(self, global_state: dict[str, torch.Tensor]) -> Observation:
+        """The `model` observation that `run` records at the end of a training whose final global state
+        is `global_state`, without training again: every run that reads the final model shares one
+        training (`fedbench.execution.runner.trained_model`). The state replaces this simulation's."""
+        if self.observe is None or self.observe.point != "model":
+            raise ValueError("trained_observation serves a simulation that observes the final model")
+        self.global_state = {k: v.to(self.device) for k, v in global_state.items()}
+        self.observation = self._model_observation()
+        return self.observation
+
+    def _model_observation(self) -> Observation:
+        assert self.observe is not None
+        self.model.load_state_dict(self.global_state)
+        return Observation(
+            point="model",
+            round=self.sc.rounds,
+            client=self.observe.client,  # the victim whose membership is attacked (RunData has its data)
+            kind="model",
+            shared={},
+            global_state=_clone_state(self.model),
+            x_true=self.x_train,
+            y_true=self.y_train,
+            lr=self.sc.lr,
+            local_steps=0,
+            batch_size=self.sc.batch_size,
+            model_mode="eval",
+            defense_hooks=self._hooks_before("model"),
+        )
 
     def _apply(self, agg: dict[str, torch.Tensor], buffers: list[dict], weights: list[float]) -> None:
         new = dict(self.global_state)
