@@ -41,7 +41,7 @@ def _model(bundle):
     return build_model("mlp", MLP, bundle.meta.input_shape, bundle.meta.num_classes)
 
 
-def _observe(bundle, victim=0, **sc):
+def _observe(bundle, victim=0, point="update", **sc):
     # 10 clients over 40 examples: 4 examples each
     base = dict(protocol="fedavg", clients=10, rounds=1, lr=0.5, train_size=40, test_size=20, victim=victim)
     base.update(sc)
@@ -51,7 +51,7 @@ def _observe(bundle, victim=0, **sc):
         lambda: _model(bundle),
         create_defense("none"),
         seed=0,
-        observe=ObservationRequest("update", 0, victim),
+        observe=ObservationRequest(point, 0, victim),
         stop_after_observation=True,
     )
     return sim.run().observation
@@ -115,7 +115,8 @@ def test_skips_where_the_update_is_one_gradient():
     assert "one gradient step" in a.check(Scenario(protocol="fedavg", local_epochs=1, batch_size=0))
     assert "mse" in a.check(Scenario(protocol="fedavg", local_steps=4, loss="mse"))
     assert "observe=step" in a.check(Scenario(protocol="fedavg", local_steps=4, observe="step"))
-    assert a.accepted_points == ("update",) and not hasattr(a, "adapts_to")
+    assert a.accepted_points == ("update", "server") and not hasattr(a, "adapts_to")
+    assert a.check(Scenario(protocol="fedavg", local_steps=4, observe="server")) is None
     assert a.paper is not None and a.version.isdigit()
 
 
@@ -132,3 +133,11 @@ def test_bad_parameters_fail_in_one_line(raw, word):
     with pytest.raises(FedbenchError) as err:
         FedAvgLeakage(raw)
     assert word in str(err.value) and "\n" not in str(err.value).strip()
+
+
+def test_reads_the_update_at_the_server_as_the_clients(digits):
+    """At the server (Fed-CDP's type 0) without a server-side hook the update is the client's, and the
+    simulated round reproduces it."""
+    obs = _observe(digits, 1, point="server", local_steps=4, batch_size=0)
+    assert obs.point == "server" and obs.kind == "delta" and obs.local_steps == 4
+    assert _max_error(digits, obs, obs.x_true, obs.y_true) < 1e-5

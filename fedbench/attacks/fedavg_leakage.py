@@ -46,7 +46,7 @@ class FedAvgLeakage(ImageReconstructionAttack):
 
     version = "1"
     observation_point = "update"
-    accepted_points: tuple[str, ...] = ("update",)
+    accepted_points: tuple[str, ...] = ("update", "server")  # server: the update after a server-side hook
     paper = Paper(
         "dimitrov2022fedavg", "Data Leakage in Federated Averaging", "https://arxiv.org/abs/2206.12395"
     )
