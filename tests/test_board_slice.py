@@ -96,6 +96,24 @@ def test_rows_disagree_beyond_their_intervals_only():
     assert compare_rows({"a": row("a", 0.1, 0.2)}, borderline, "reid") == []
 
 
+def test_a_rate_with_no_success_on_the_slice_is_compared_by_its_exact_interval():
+    """0 of 20 re-identified on a slice (bootstrap interval [0, 0]) agrees with 5 of 100 [1, 11] on the
+    full board: the exact interval of 0 of 20 is [0, 16.8 %]; 0 of 500 [0, 0.7 %] does not."""
+    import numpy as np
+
+    from fedbench.reporting.board_rank import Leakage
+
+    def rated(k, n, low, high):
+        values = np.array([1.0] * k + [0.0] * (n - k))
+        leak = Leakage(inputs={0: values[: n // 2], 1: values[n // 2 :]})
+        return Row({"defense": "a"}, leak, k / n, low, high, 0.5, 0.4, 0.6, False, False, "")
+
+    full = {"a": rated(5, 100, 0.01, 0.11)}
+    assert compare_rows(full, {"a": rated(0, 20, 0.0, 0.0)}, "reid") == []
+    (line,) = compare_rows(full, {"a": rated(0, 500, 0.0, 0.0)}, "reid")
+    assert line == "a: reid [1.0, 11.3] on the full board, [0.0, 0.7] on the slice"  # both widened to exact
+
+
 def test_slice_overrides_and_a_preset_without_a_slice(tmp_path, monkeypatch):
     assert slice_overrides({"seeds": 2, "victims": 10}) == ("grid.seeds=2", "scenario.victims=10")
     assert slice_overrides({"seeds": 1}) == ("grid.seeds=1",)
