@@ -13,7 +13,9 @@ from fedbench.reporting.board_rank import has_adaptive, is_adaptive, plain_ranki
 from fedbench.reporting.board_table import build_table
 from tests.test_board_v2 import _entry, _rows
 
-BOARD = Path(__file__).resolve().parents[1] / "leaderboards" / "leakage-example-mnist5k-mlp"
+BOARD = (
+    Path(__file__).resolve().parents[1] / "leaderboards" / "malicious-server-mnist5k-fcnn"
+)  # no adaptive attack
 
 
 def _entries():

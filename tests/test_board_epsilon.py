@@ -15,6 +15,7 @@ from fedbench.cli import app
 from fedbench.reporting.board_epsilon import NotRefreshable, refresh_epsilon
 
 ROOT = Path(__file__).resolve().parent.parent / "leaderboards"
+ENTRY = "fed-cdp_clip_4_per_example_materialise_sigma_6.json"
 BOARD = "leakage-example-mnist5k-mlp"  # its fed-cdp rows are sigma-based (not calibrated), refreshable
 
 
@@ -29,7 +30,7 @@ def _aged(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / BOARD, root / BOARD)
     res = CliRunner().invoke(app, ["leaderboard", "epsilon", BOARD, "--dir", str(root)])  # today's first
     assert res.exit_code == 0, res.output
-    path = root / BOARD / "entries" / "fed-cdp_clip_4_sigma_6.json"
+    path = root / BOARD / "entries" / ENTRY
     entry = json.loads(path.read_text())
     entry["metrics"]["epsilon"] = 13.6047
     entry["params"]["sampling"] = "poisson"
@@ -48,15 +49,15 @@ def test_epsilon_command_refreshes_an_aged_entry_and_nothing_else(tmp_path):
     assert res.exit_code == 0, res.output
     after = _entries(root, BOARD)
     changed = {k for k in before if before[k] != after[k]}
-    assert changed == {"fed-cdp_clip_4_sigma_6.json"}
-    entry = after["fed-cdp_clip_4_sigma_6.json"]
+    assert changed == {ENTRY}
+    entry = after[ENTRY]
     # 10 clients of 100 records, all per round, 100 rounds of 3 B = 1 steps, MLP 256 (4 tensors): the
     # committed (today's) epsilon again
-    committed = _entries(ROOT, BOARD)["fed-cdp_clip_4_sigma_6.json"]["metrics"]["epsilon"]
+    committed = _entries(ROOT, BOARD)[ENTRY]["metrics"]["epsilon"]
     assert entry["metrics"]["epsilon"] == pytest.approx(committed, rel=1e-6) and 3 < committed < 4
     assert entry["params"]["sampling"] == "participation"
     assert "M=4 tensors" in entry["metrics"]["accountant"]
-    assert entry["run_ids"] == before["fed-cdp_clip_4_sigma_6.json"]["run_ids"]  # the same runs
+    assert entry["run_ids"] == before[ENTRY]["run_ids"]  # the same runs
     res = runner.invoke(app, ["leaderboard", "check", BOARD, "--dir", str(root)])
     assert res.exit_code == 0, res.output  # re-rendered
     res = runner.invoke(app, ["leaderboard", "epsilon", BOARD, "--dir", str(root), "--check"])

@@ -225,10 +225,12 @@ def test_committed_runs_resolve_to_the_path_they_ran(board):
     the numbers came from. A board whose preset moved on since it was built (none of its runs in the
     grid, before issue 29 too: inversion-fedsgd) cannot be checked this way, nor a row its preset no
     longer lists (a v1 board awaiting its rebuild); a row whose runs are partly in the grid fails."""
+    from fedbench.cli.board_runs import narrowed_specs
     from fedbench.spec.grid import build_grid
 
     meta, entries = _committed(board)
-    specs = {s.run_id: s for s in build_grid(meta["preset"]).specs}
+    grid = build_grid(meta["preset"]).specs
+    specs = {s.run_id: s for s in [*grid, *narrowed_specs(grid, entries)]}  # a cascade's narrowed runs too
     if not any(r in specs for e in entries for r in e["run_ids"]):
         pytest.skip(f"{board}: its preset moved on since the board was built (no run in the grid)")
     for e in (e for e in entries if e["defense_name"] in FAMILY):
