@@ -395,7 +395,6 @@ def _observations(
     while wanted:
         cohort = attack.observes_cohort or bool(spec.victims)
         request = ObservationRequest(attack.point_for(sc), sc.observe_round, wanted[0], cohort)
-        hook = attack.server_hook(bundle.meta)
         sim = Simulation(
             sc,
             bundle,
@@ -404,10 +403,10 @@ def _observations(
             spec.seed,
             device,
             observe=request,
-            server_hook=hook,
+            server_hook=attack.server_hook(bundle.meta),
             stop_after_observation=True,
         )
-        if request.point == "model" and hook is None:  # `reads_final_model`: the utility run's training
+        if reads_final_model(job, bundle.meta):  # the training the utility run shares
             obs = sim.trained_observation(trained_model(job, bundle, factory, device)["global_state"])
         else:
             obs = sim.run().observation

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from fedbench.metrics.catalogue import metric
 from fedbench.reporting.board_rank import Row, rank_board
-from fedbench.reporting.intervals import clopper_pearson
+from fedbench.reporting.intervals import clopper_pearson, is_rate
 
 SUFFIX = "-slice"
 
@@ -44,17 +43,14 @@ def _overlap(a: tuple[float | None, float | None], b: tuple[float | None, float 
     return a[0] <= b[1] and b[0] <= a[1]  # type: ignore[operator]
 
 
-def _interval(row: Row) -> tuple[float | None, float | None]:
+def _interval(row: Row, primary: str) -> tuple[float | None, float | None]:
     """The row's primary interval as the comparison reads it: the table's (bootstrap) interval, widened
-    to the exact Clopper-Pearson interval of its pooled count where the primary is a rate (per-input
-    values of 0 and 1, or counts). A percentile bootstrap of a rate with no success (or no failure)
-    collapses to a point, [0, 0] for 0 of 20 inputs, which an estimate of 5 of 100 cannot overlap
-    although the two agree; the exact interval of 0 of 20 is [0, 16.8 %]."""
+    to the exact Clopper-Pearson interval of its pooled count where the primary is a rate (`is_rate`).
+    A percentile bootstrap of a rate with no success (or no failure) collapses to a point, [0, 0] for 0
+    of 20 inputs, which an estimate of 5 of 100 cannot overlap although the two agree; the exact
+    interval of 0 of 20 is [0, 16.8 %]."""
     low, high, lk = row.low, row.high, row.leakage
-    if lk is None:
-        return low, high
-    binary = bool(lk.inputs) and all(np.isin(v, (0.0, 1.0)).all() for v in lk.inputs.values())
-    if low is None or high is None or not (binary or (lk.counts and not lk.inputs)) or not lk.n_inputs:
+    if lk is None or low is None or high is None or not lk.n_inputs or not is_rate(metric(primary)):
         return low, high
     exact_low, exact_high = clopper_pearson(lk.successes, lk.n_inputs)
     return min(low, exact_low), max(high, exact_high)
@@ -83,7 +79,7 @@ def compare_rows(rows: dict[str, Row], srows: dict[str, Row], primary: str) -> l
             side = "within" if r.admissible else "outside"
             out.append(f"{name}: {side} the utility budget on the full board, not on the slice")
             continue
-        full_interval, slice_interval = _interval(r), _interval(s)
+        full_interval, slice_interval = _interval(r, primary), _interval(s, primary)
         if not _overlap(full_interval, slice_interval):
             out.append(
                 f"{name}: {primary} [{_pct(full_interval[0])}, {_pct(full_interval[1])}] on the full "
