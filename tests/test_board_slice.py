@@ -96,22 +96,32 @@ def test_rows_disagree_beyond_their_intervals_only():
     assert compare_rows({"a": row("a", 0.1, 0.2)}, borderline, "reid") == []
 
 
-def test_a_rate_with_no_success_on_the_slice_is_compared_by_its_exact_interval():
-    """0 of 20 re-identified on a slice (bootstrap interval [0, 0]) agrees with 5 of 100 [1, 11] on the
-    full board: the exact interval of 0 of 20 is [0, 16.8 %]; 0 of 500 [0, 0.7 %] does not."""
+def test_a_rate_with_no_success_has_its_exact_interval_and_a_slice_agrees_by_it():
+    """A percentile bootstrap of 0 successes collapses to [0, 0]; the published interval of a rate
+    contains the exact interval of its pooled count (`rate_interval`): 0 of 100 is [0, 3.6 %]. So 0 of 20
+    re-identified on a slice ([0, 16.8 %]) agrees with 5 of 100 on the full board; 0 of 500 ([0, 0.7 %])
+    does not."""
     import numpy as np
 
-    from fedbench.reporting.board_rank import Leakage
+    from fedbench.reporting.board_rank import Draws, Leakage, rate_interval
 
-    def rated(k, n, low, high):
-        values = np.array([1.0] * k + [0.0] * (n - k))
+    def rated(k, n):
+        values = np.zeros(n)
+        values[np.linspace(0, n - 1, k).astype(int)] = 1.0  # successes spread over both seeds
         leak = Leakage(inputs={0: values[: n // 2], 1: values[n // 2 :]})
+        draws = Draws([0, 1], n // 2).rates(leak)
+        low, high = rate_interval(leak, draws, k / n, "reid")
+        assert low <= k / n <= high
         return Row({"defense": "a"}, leak, k / n, low, high, 0.5, 0.4, 0.6, False, False, "")
 
-    full = {"a": rated(5, 100, 0.01, 0.11)}
-    assert compare_rows(full, {"a": rated(0, 20, 0.0, 0.0)}, "reid") == []
-    (line,) = compare_rows(full, {"a": rated(0, 500, 0.0, 0.0)}, "reid")
-    assert line == "a: reid [1.0, 11.3] on the full board, [0.0, 0.7] on the slice"  # both widened to exact
+    none_of_100 = rated(0, 100)
+    assert none_of_100.low == 0.0 and none_of_100.high == pytest.approx(1 - 0.025 ** (1 / 100))
+    assert rated(100, 100).low == pytest.approx(0.025 ** (1 / 100))  # 100 of 100: [96.4 %, 100 %]
+    full = {"a": rated(5, 100)}
+    assert full["a"].low < 0.0165 and full["a"].high > 0.112  # at least the exact [1.6, 11.3] %
+    assert compare_rows(full, {"a": rated(0, 20)}, "reid") == []
+    (line,) = compare_rows(full, {"a": rated(0, 500)}, "reid")
+    assert line.endswith("on the full board, [0.0, 0.7] on the slice")
 
 
 def test_slice_overrides_and_a_preset_without_a_slice(tmp_path, monkeypatch):

@@ -9,7 +9,9 @@ What it computes, per configuration c of a board with seeds s and attacked input
   worst case is taken here.
 - **Rate** `L(c)` = the mean over all (s, i). Its 95 % interval is a two-stage bootstrap: seeds
   resampled, then inputs within each drawn seed, `DRAWS` draws from a fixed RNG (`RNG_SEED`). It
-  respects that a seed's inputs share a model, and it stays inside the metric's range. A primary known
+  respects that a seed's inputs share a model, and it stays inside the metric's range. For a 0/1
+  rate it is widened to contain the exact (Clopper-Pearson) interval of the pooled k of n
+  (`rate_interval`): the bootstrap of 0 successes collapses to [0, 0]. A primary known
   only per seed as a rate with its counts (a membership TPR: k of n members) draws the second stage as
   Binomial(n, k / n).
 - **Pairing**: every configuration is evaluated on the same draws (the same seeds, and the same input
@@ -38,7 +40,7 @@ import numpy as np
 
 from fedbench.metrics.catalogue import metric
 from fedbench.reporting.input_keys import input_keys, sort_key
-from fedbench.reporting.intervals import clopper_pearson, t95
+from fedbench.reporting.intervals import clopper_pearson, is_rate, t95
 
 DRAWS = 2000
 RNG_SEED = 0
@@ -267,6 +269,24 @@ class Draws:
         return np.divide(drawn.sum(axis=1), size, out=np.full(size.shape, np.nan), where=size > 0)
 
 
+def rate_interval(lk: Leakage, draws: np.ndarray, rate: float, primary: str) -> tuple[float, float]:
+    """A configuration's published interval of its primary: the two-stage bootstrap's percentile
+    interval (it respects that a seed's inputs share a model), widened to contain the exact
+    (Clopper-Pearson) interval of the pooled count where the primary is a rate. A percentile bootstrap
+    of a rate without a success (or without a failure) collapses to a point, [0, 0] for 0 of 100
+    inputs, although 0 of 100 only says the rate is below 3.6 %; the exact interval is the least a
+    reader may assume, the bootstrap adds the clustering by seed. One seed known only by its count (a
+    TPR's k of n members) has the exact interval alone."""
+    if lk.counts and not lk.inputs and len(lk.seeds) == 1:
+        return clopper_pearson(lk.successes, lk.n_inputs)
+    low, high = percentile_interval(draws)
+    low, high = min(low, rate), max(high, rate)
+    if is_rate(metric(primary)) and lk.n_inputs:
+        exact_low, exact_high = clopper_pearson(lk.successes, lk.n_inputs)
+        low, high = min(low, exact_low), max(high, exact_high)
+    return low, high
+
+
 def percentile_interval(x: np.ndarray) -> tuple[float, float]:
     x = x[np.isfinite(x)]
     if not x.size:
@@ -367,11 +387,7 @@ def rank_board(
         rate = lk.point()
         low = high = None
         if rate is not None and d is not None:
-            if lk.counts and not lk.inputs and len(lk.seeds) == 1:
-                low, high = clopper_pearson(lk.successes, lk.n_inputs)
-            else:
-                low, high = percentile_interval(d)
-                low, high = min(low, rate), max(high, rate)
+            low, high = rate_interval(lk, d, rate, primary)
         drop, dlo, dhi = utility_drop(e, none) if none is not None else (None, None, None)
         budget = None if budget_pp is None else budget_pp / 100.0
         admissible = e["defense"] == "none" or (

@@ -10,7 +10,8 @@ A slice is only worth its time if its ranks agree with the full board's. `slice_
 where they do not, and `fedbench leaderboard check` runs it on every slice beside its full board: a
 row must be on the same side of the utility budget (unless either is borderline), and a ranked row's
 rank interval (the bootstrap's 95 % range) and its primary metric's interval must overlap the full
-board's (for a rate, its bootstrap interval widened to the exact interval of its count: `_interval`).
+board's (for a rate, the table's interval contains the exact interval of its count, so 0 of 20 on a
+slice, [0, 16.8 %], overlaps 5 of 100: `board_rank.rate_interval`).
 A slice has wider intervals, so agreement within them is the claim it can make.
 """
 
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedbench.metrics.catalogue import metric
 from fedbench.reporting.board_rank import Row, rank_board
-from fedbench.reporting.intervals import clopper_pearson, is_rate
 
 SUFFIX = "-slice"
 
@@ -41,19 +40,6 @@ def _overlap(a: tuple[float | None, float | None], b: tuple[float | None, float 
     if None in a or None in b:
         return True  # nothing to compare: no disagreement shown
     return a[0] <= b[1] and b[0] <= a[1]  # type: ignore[operator]
-
-
-def _interval(row: Row, primary: str) -> tuple[float | None, float | None]:
-    """The row's primary interval as the comparison reads it: the table's (bootstrap) interval, widened
-    to the exact Clopper-Pearson interval of its pooled count where the primary is a rate (`is_rate`).
-    A percentile bootstrap of a rate with no success (or no failure) collapses to a point, [0, 0] for 0
-    of 20 inputs, which an estimate of 5 of 100 cannot overlap although the two agree; the exact
-    interval of 0 of 20 is [0, 16.8 %]."""
-    low, high, lk = row.low, row.high, row.leakage
-    if lk is None or low is None or high is None or not lk.n_inputs or not is_rate(metric(primary)):
-        return low, high
-    exact_low, exact_high = clopper_pearson(lk.successes, lk.n_inputs)
-    return min(low, exact_low), max(high, exact_high)
 
 
 def _rows(board: Any, entries: list[dict[str, Any]]) -> dict[str, Row]:
@@ -79,7 +65,7 @@ def compare_rows(rows: dict[str, Row], srows: dict[str, Row], primary: str) -> l
             side = "within" if r.admissible else "outside"
             out.append(f"{name}: {side} the utility budget on the full board, not on the slice")
             continue
-        full_interval, slice_interval = _interval(r, primary), _interval(s, primary)
+        full_interval, slice_interval = (r.low, r.high), (s.low, s.high)
         if not _overlap(full_interval, slice_interval):
             out.append(
                 f"{name}: {primary} [{_pct(full_interval[0])}, {_pct(full_interval[1])}] on the full "

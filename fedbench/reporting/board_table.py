@@ -293,7 +293,8 @@ def _notes(board: Board, ranking: Ranking) -> list[str]:
         f"better, among the configurations whose accuracy drop vs `none` (paired by seed) is at most "
         f"{board.utility_budget:g} points (the utility budget). A rate's interval is a two-stage bootstrap "
         f"(seeds, then inputs within a seed; {ranking.draws} draws, fixed RNG), so inputs that share a "
-        "seed's model are not counted as independent."
+        "seed's model are not counted as independent, widened to contain the exact (Clopper-Pearson) "
+        "interval of the pooled count: 0 of 100 is [0, 3.6] %, not [0, 0]."
     ]
     out.append(
         "Rank: b beats a when the 95 % interval of the paired difference of their rates (same seeds, same "
