@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from fedbench.cli import app
 from fedbench.reporting.board_legacy import bound_stat, inputs_per_seed
 
-ROOT = Path(__file__).resolve().parent.parent / "leaderboards"
+GOLDEN_BOARDS = Path(__file__).resolve().parent / "golden" / "boards"  # boards kept as fixtures
 
 
 def test_a_rate_of_known_inputs_gets_the_exact_binomial_interval_of_its_counts():
@@ -58,9 +58,9 @@ def test_restat_command_on_a_schema_1_board(tmp_path):
     """An old-style copy of a board (the version 1 leakage-types board's entries without their
     intervals): --check exits 1 and writes nothing; restat bounds every rate; then check and --check
     pass."""
-    board = "leakage-types-mnist5k-mlp"
+    board = "leakage-types-mnist5k-mlp"  # retired from leaderboards/, kept as this fixture
     root = tmp_path / "boards"
-    shutil.copytree(ROOT / board, root / board)
+    shutil.copytree(GOLDEN_BOARDS / board, root / board)
     for path in (root / board / "entries").glob("*.json"):  # back to schema 1: mean ± spread only
         entry = json.loads(path.read_text())
 

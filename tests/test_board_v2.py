@@ -334,7 +334,7 @@ def test_add_puts_a_plugin_defense_on_a_copy_without_touching_other_entries(
 
 
 def test_v1_boards_cannot_be_verified(tmp_path):
-    root = Path(__file__).resolve().parents[1] / "leaderboards"
+    root = Path(__file__).resolve().parent / "golden" / "boards"  # the retired v1 leakage-types board
     res = runner.invoke(
         app, ["leaderboard", "verify", "leakage-types-mnist5k-mlp", "--dir", str(root), "--no-stamp"]
     )

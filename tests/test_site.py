@@ -20,9 +20,10 @@ from fedbench.reporting import ranking, site
 from fedbench.reporting.thumbnails import THUMBNAIL_FILE
 
 COMMITTED = Path(__file__).resolve().parents[1] / "leaderboards"
-# a committed version 1 inversion board (mean ± spread cells, every row ranked); the FedSGD and FedAvg
-# boards, the examples before, are version 2 since their rebuilds
+# a version 1 inversion board (mean ± spread cells, every row ranked): the retired leakage-types board,
+# kept as a test fixture since its three attacker positions became three version 2 boards
 V1_BOARD = "leakage-types-mnist5k-mlp"
+GOLDEN_V1 = Path(__file__).resolve().parent / "golden" / "boards" / V1_BOARD
 runner = CliRunner()
 
 
@@ -32,10 +33,19 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def committed_site(tmp_path_factory):
-    """The site of the committed boards, built once for the module."""
-    out = tmp_path_factory.mktemp("site") / "site"
-    site.build_site(COMMITTED, out)
+    """The site of the committed boards and the version 1 fixture board (`boards_of`), built once for the
+    module."""
+    base = tmp_path_factory.mktemp("site")
+    shutil.copytree(COMMITTED, base / "leaderboards")
+    shutil.copytree(GOLDEN_V1, base / "leaderboards" / V1_BOARD)
+    out = base / "site"
+    site.build_site(base / "leaderboards", out)
     return out
+
+
+def boards_of(site_dir: Path) -> Path:
+    """The boards a site of `committed_site` was built from: the committed ones and `V1_BOARD`."""
+    return site_dir.parent / "leaderboards"
 
 
 def _edit_json(path: Path, edit) -> None:
@@ -65,23 +75,23 @@ def _refs(page: Path) -> list[tuple[str, str, str]]:
 
 
 def test_every_committed_board_has_its_page_plot_and_csv(committed_site):
-    names = lb.board_names(COMMITTED)
+    names = lb.board_names(boards_of(committed_site))
     assert len(names) >= 2
     for name in names:
         for file in (site.PAGE, site.PLOT, lb.CSV_FILE):
             assert (committed_site / name / file).is_file(), (name, file)
         assert (committed_site / name / site.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        board, entries = lb.load_board(COMMITTED / name)
+        board, entries = lb.load_board(boards_of(committed_site) / name)
         assert (committed_site / name / lb.CSV_FILE).read_text() == lb.render_csv(board, entries)
     index = (committed_site / site.PAGE).read_text()  # a slice is in its board's row, not one of its own
-    full = [n for n in names if not lb.load_board(COMMITTED / n)[0].slice_of]
+    full = [n for n in names if not lb.load_board(boards_of(committed_site) / n)[0].slice_of]
     assert all(f'href="{n}/index.html"' in index for n in full)
     assert not list(committed_site.parent.glob(".site-*")), "the temporary folder is left behind"
 
 
 def test_every_link_resolves_to_a_generated_file(committed_site):
     pages = sorted(committed_site.rglob("*.html"))
-    assert len(pages) == len(lb.board_names(COMMITTED)) + 1
+    assert len(pages) == len(lb.board_names(boards_of(committed_site))) + 1
     seen = 0
     for page in pages:
         for tag, attr, value in _refs(page):
@@ -111,7 +121,7 @@ def test_no_page_loads_anything_from_the_network(committed_site):
 
 def test_board_page_shows_the_ranked_table_and_its_sections(committed_site):
     name = V1_BOARD
-    board, entries = lb.load_board(COMMITTED / name)
+    board, entries = lb.load_board(boards_of(committed_site) / name)
     assert board.board_version == 1, f"{name} is version {board.board_version}: name a version 1 board"
     html = (committed_site / name / site.PAGE).read_text()
     order = [e["defense"] for _, e in ranking.ranked(board, entries)]
@@ -124,7 +134,9 @@ def test_board_page_shows_the_ranked_table_and_its_sections(committed_site):
     for section in ("leaderboard", "tradeoff", "scenario", "threat-model", "reconstructions", "regenerate"):
         assert f'<section id="{section}">' in html
     assert board.command in html
-    drawn = (COMMITTED / name / "reconstructions.png").exists()  # committed thumbnails, or how to draw them
+    drawn = (
+        boards_of(committed_site) / name / "reconstructions.png"
+    ).exists()  # committed thumbnails, or how to draw them
     assert (f"fedbench leaderboard thumbnails {name}" if drawn else "fedbench plot reconstructions") in html
     assert ('id="reported"' in html) == bool(board.reported)  # the papers' numbers, where the preset has them
     assert ", ".join(board.attack_suite) in html
@@ -137,8 +149,8 @@ def test_v2_board_pages_show_the_tuning_rule_realistic_protocol_budget_check_and
     from fedbench.reporting.board_realistic import realistic_table
 
     seen = set()
-    for name in lb.board_names(COMMITTED):
-        board, _ = lb.load_board(COMMITTED / name)
+    for name in lb.board_names(boards_of(committed_site)):
+        board, _ = lb.load_board(boards_of(committed_site) / name)
         html = (committed_site / name / site.PAGE).read_text()
         assert "](" not in html, f"{name}: a markdown link left in the page"
         if board.board_version < 2:
@@ -510,7 +522,8 @@ def test_screenshots_keep_the_first_columns_and_the_reconstructions_in_view(
     )
     assert len(backgrounds) == 6 and "rgba(0, 0, 0, 0)" not in backgrounds, backgrounds  # opaque
 
-    with_images = [n for n in lb.board_names(COMMITTED) if (COMMITTED / n / THUMBNAIL_FILE).is_file()]
+    boards = boards_of(committed_site)
+    with_images = [n for n in lb.board_names(boards) if (boards / n / THUMBNAIL_FILE).is_file()]
     assert with_images, "no committed board has reconstruction thumbnails"
     for name in [BOARD_SHOT, *with_images]:
         browser.get((committed_site / name / site.PAGE).as_uri())
