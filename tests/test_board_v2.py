@@ -535,3 +535,19 @@ def test_audit_stores_each_dp_rows_one_run_bound(tiny_board, tmp_path, monkeypat
         "Empirical epsilon (`fedbench leaderboard audit`"
         in (base / "boards" / "tiny-v2" / "README.md").read_text()
     )
+
+
+def test_the_floor_note_counts_the_chance_hits_of_the_worst_case_over_the_suite():
+    """A defended row whose reconstructions are noise still re-identifies by chance, and the worst case
+    per input over k attacks adds the chances: 7 guesses at a 1.7 % floor give 11.3 %, the rate the
+    leakage-update board's Fed-CDP rows show with a median PSNR of 10 dB."""
+    from fedbench.reporting.board_table import attacks_per_input, suite_floor, suite_floor_note
+
+    # a row meets every plain attack and one adaptive attack (its own defense's)
+    assert attacks_per_input(["dlg", "idlg", "soteria-adaptive[iterations=200]", "noise-aware"]) == 3
+    assert attacks_per_input(["dlg", "idlg"]) == 2
+    assert suite_floor(0.017, 7) == pytest.approx(1 - 0.983**7)
+    assert round(100 * suite_floor(0.017, 7), 1) == 11.3
+    assert suite_floor(0.0, 5) == 0.0 and suite_floor(1.0, 3) == 1.0
+    assert "11.3 % of the inputs" in suite_floor_note(0.017, 7)
+    assert suite_floor_note(0.02, 1) == ""  # one attack: the floor itself says it

@@ -18,6 +18,7 @@ from fedbench.reporting.board_rank import (
     Ranking,
     Row,
     has_adaptive,
+    is_adaptive,
     is_noise,
     operating_point,
     plain_ranking,
@@ -286,6 +287,36 @@ def _adaptive_note(ranking: Ranking, plain: dict[str, Row]) -> str:
     return head + "Rows whose rank the adaptive attacks moved (without → with): " + ", ".join(moved) + "."
 
 
+def attacks_per_input(suite: list[str]) -> int:
+    """The most attacks one input of a row meets: every plain attack of the suite and one adaptive
+    attack (each row's own defense's; `none` meets none)."""
+    adaptive = [a for a in suite if is_adaptive(a)]
+    return len(suite) - len(adaptive) + (1 if adaptive else 0)
+
+
+def suite_floor(floor: float, attacks: int) -> float:
+    """What the worst case per input over `attacks` input-independent guesses, each re-identifying at
+    `floor` and independent of one another, scores: 1 - (1 - floor)^attacks."""
+    return 1.0 - (1.0 - floor) ** attacks
+
+
+def suite_floor_note(guess: float, attacks: int) -> str:
+    """The sentence that puts a row's rate beside what guessing gives once the worst case over the
+    suite is taken: a reconstruction that is noise still hits the victim among the candidates by
+    chance, and the worst case over k attacks adds those chances up, so a defended row can read 10 %
+    with nothing recognisable (median PSNR 10 dB). `guess`: one guess's rate (the floor or chance,
+    whichever is higher). Empty for a suite of one attack."""
+    if attacks < 2:
+        return ""
+    return (
+        f" The worst case per input over up to {attacks} attacks adds their chance hits: {attacks} "
+        "independent guesses, each at the floor or chance (the higher), would re-identify "
+        f"{100 * suite_floor(guess, attacks):.1f} % "
+        "of the inputs, so a row near that rate is at the level of guessing, not of a recognisable "
+        "reconstruction."
+    )
+
+
 def _notes(board: Board, ranking: Ranking) -> list[str]:
     prim = metric(board.primary)
     out = [
@@ -306,10 +337,12 @@ def _notes(board: Board, ranking: Ranking) -> list[str]:
         "band, and the 95 % interval of its drawn rank."
     )
     if ranking.floor is not None:
+        guess = max(ranking.floor, ranking.chance or 0.0)
         chance = "" if ranking.chance is None else f"; chance is {100 * ranking.chance:.1f} %"
         out.append(
             f"Floor: the same test applied to the best input-independent guess ({ranking.floor_metric}: "
             f"the class-mean image of the victim's class) scores {100 * ranking.floor:.1f} %{chance}."
+            + suite_floor_note(guess, attacks_per_input(board.attack_suite))
         )
     if ranking.unresolved:
         out.append(f"The primary metric is {ranking.unresolved}; the rows are not ranked by it.")
