@@ -551,3 +551,41 @@ def test_the_floor_note_counts_the_chance_hits_of_the_worst_case_over_the_suite(
     assert suite_floor(0.0, 5) == 0.0 and suite_floor(1.0, 3) == 1.0
     assert "11.3 % of the inputs" in suite_floor_note(0.017, 7)
     assert suite_floor_note(0.02, 1) == ""  # one attack: the floor itself says it
+
+
+def test_an_attribute_boards_floor_is_the_majority_guess_without_the_suites_chance_hits():
+    """An attribute board ranks by asr, the worst attack chosen on held-out seeds from per-seed counts
+    (k of n victims); its floor is always answering the most common class (asr_majority), and no chance
+    hits add up, since no worst case is taken per input."""
+    from fedbench.reporting.board_table import FLOOR_OF, floor_note
+
+    def entry(name, accs, asr):
+        per_seed = {
+            attack: {
+                str(s): {"asr": rate, "asr:n": 64, "asr_majority": 0.85, "runs": [f"{name}-{attack}-{s}"]}
+                for s, rate in enumerate(rates)
+            }
+            for attack, rates in asr.items()
+        }
+        return {**_entry(name, accs, {}), "per_input": {}, "per_seed": per_seed}
+
+    entries = [
+        entry("none", [0.85, 0.84, 0.85], {"svm": [0.92, 0.94, 0.93], "rf": [0.90, 0.91, 0.92]}),
+        entry("dp[eps=8]", [0.84, 0.83, 0.84], {"svm": [0.86, 0.85, 0.86], "rf": [0.85, 0.86, 0.85]}),
+    ]
+    ranking = rank_board(entries, "asr", 3.0, FLOOR_OF["asr"])
+    assert ranking.floor == pytest.approx(0.85)
+    none = next(r for r in ranking.rows if r.defense == "none")
+    assert none.leakage.counts and not none.leakage.inputs  # per-seed counts, worst attack held out
+    note = floor_note(
+        "asr", ranking, ["attribute-inference[adversary=svm]", "attribute-inference[adversary=rf]"]
+    )
+    assert "always answering the attribute's most common class) scores 85.0 %" in note
+    assert "chance hits" not in note
+    # a per-input board keeps the chance-hit sentence
+    reid = [_entry("none", [0.9], {"a": [[1, 0, 1, 0]], "b": [[0, 0, 1, 1]]})]
+    for e in reid:
+        for seed in e["per_input"]["a"].values():
+            seed["values"]["reid_floor"] = [0.02] * 4
+    note = floor_note("reid", rank_board(reid, "reid", 5.0, FLOOR_OF["reid"]), ["a", "b"])
+    assert "class-mean image" in note and "2 attacks adds their chance hits" in note

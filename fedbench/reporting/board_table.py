@@ -29,7 +29,12 @@ from fedbench.reporting.board_rank import (
 from fedbench.reporting.board_schema import Board
 from fedbench.reporting.intervals import is_rate
 
-FLOOR_OF = {"reid": "reid_floor"}  # the input-independent guess of a primary metric
+# the input-independent guess of a primary metric: (the results column of its rate, what the guess is)
+FLOORS = {
+    "reid": ("reid_floor", "the class-mean image of the victim's class"),
+    "asr": ("asr_majority", "always answering the attribute's most common class"),
+}
+FLOOR_OF = {primary: column for primary, (column, _) in FLOORS.items()}
 # secondary per-input columns an inversion board shows (medians over inputs, best attack per input)
 MEDIANS = ("psnr", "ssim", "lpips")
 
@@ -317,6 +322,24 @@ def suite_floor_note(guess: float, attacks: int) -> str:
     )
 
 
+def floor_note(primary: str, ranking: Ranking, suite: list[str]) -> str | None:
+    """The board's floor sentence: what the best input-independent guess scores (`FLOORS`), and, where
+    the worst case is taken per input over the suite, what that worst case adds by chance
+    (`suite_floor_note`); a worst attack chosen on held-out seeds (membership, attribute) adds none.
+    None when the board has no floor."""
+    if ranking.floor is None:
+        return None
+    guess = max(ranking.floor, ranking.chance or 0.0)
+    chance = "" if ranking.chance is None else f"; chance is {100 * ranking.chance:.1f} %"
+    guessed = FLOORS[primary][1] if primary in FLOORS else "an input-independent guess"
+    per_input = any(r.leakage is not None and r.leakage.inputs for r in ranking.rows)
+    return (
+        f"Floor: the same test applied to the best input-independent guess ({ranking.floor_metric}: "
+        f"{guessed}) scores {100 * ranking.floor:.1f} %{chance}."
+        + (suite_floor_note(guess, attacks_per_input(suite)) if per_input else "")
+    )
+
+
 def _notes(board: Board, ranking: Ranking) -> list[str]:
     prim = metric(board.primary)
     out = [
@@ -336,14 +359,8 @@ def _notes(board: Board, ranking: Ranking) -> list[str]:
         "below `none`'s. Rank stability: the share of bootstrap draws whose rank falls in the row's tie "
         "band, and the 95 % interval of its drawn rank."
     )
-    if ranking.floor is not None:
-        guess = max(ranking.floor, ranking.chance or 0.0)
-        chance = "" if ranking.chance is None else f"; chance is {100 * ranking.chance:.1f} %"
-        out.append(
-            f"Floor: the same test applied to the best input-independent guess ({ranking.floor_metric}: "
-            f"the class-mean image of the victim's class) scores {100 * ranking.floor:.1f} %{chance}."
-            + suite_floor_note(guess, attacks_per_input(board.attack_suite))
-        )
+    if (floor := floor_note(board.primary, ranking, board.attack_suite)) is not None:
+        out.append(floor)
     if ranking.unresolved:
         out.append(f"The primary metric is {ranking.unresolved}; the rows are not ranked by it.")
     if board.cascade:
