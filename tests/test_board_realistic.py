@@ -146,6 +146,12 @@ def test_bad_inputs_are_refused():
         rec = br.realistic_record(_results([("dlg", 0, 0, [1, 0], [0, 0])]), "reid", None, "p", "c", "")
         rec["attacks"][0]["works"] = "maybe"
         Board.model_validate(_board(rec))
+    # the worst case per record is validated like each attack's rates, so rendering never meets a bad one
+    rec = br.realistic_record(_results([("dlg", 0, 0, [1, 0], [0, 0])]), "reid", None, "p", "c", "")
+    worst = rec["worst"]
+    for bad in ({**worst, "checkpoints": None}, {**worst, "textbook": {"k": 1}}, [worst]):
+        with pytest.raises(ValueError, match="worst"):
+            Board.model_validate(_board({**rec, "worst": bad}))
 
 
 BOARD = """

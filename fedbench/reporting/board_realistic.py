@@ -213,7 +213,7 @@ def realistic_table(record: dict[str, Any]) -> tuple[str, list[str], list[list[s
         *(_row(_named(a), a["textbook"], a["checkpoints"], a["works"]) for a in record["attacks"]),
         _row(
             "*any attack (worst case per record)*",
-            worst["textbook"],
+            worst.get("textbook"),
             worst["checkpoints"],
             worst.get("works", ""),
         ),

@@ -206,6 +206,14 @@ class RealisticAttack(FileModel):
     works: Literal["yes", "partly", "no", "n/a"]
 
 
+class RealisticWorst(FileModel):
+    """The worst case per record over the attacks: its textbook rate and its rates at the checkpoints."""
+
+    textbook: RealisticRate | None = None
+    checkpoints: list[RealisticRate | None]
+    works: Literal["yes", "partly", "no", "n/a", ""] = ""
+
+
 class Realistic(FileModel):
     """The realistic-protocol record of an inversion board (`fedbench.reporting.board_realistic`)."""
 
@@ -219,7 +227,7 @@ class Realistic(FileModel):
     scenario: dict[str, Any]
     test_acc: float | None = None
     attacks: list[RealisticAttack]
-    worst: dict[str, Any]
+    worst: RealisticWorst
     floor: list[RealisticRate | None]
 
 
