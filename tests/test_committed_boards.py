@@ -28,6 +28,7 @@ BOARDS = {
     "membership-mnist5k-mlp": "board-membership",
     "leakage-example-mnist5k-mlp": "board-leakage-example",
     "leakage-update-mnist5k-mlp": "board-leakage-update",
+    "leakage-server-mnist5k-mlp": "board-leakage-server",
 }
 MIN_INVERSION_GAP_DB = 25.0  # issue 18: no defense >= 25 dB above the random-image floor
 #: Shipped methods deliberately on no board (issue 30: "DP defenses whose level the scenario cannot
