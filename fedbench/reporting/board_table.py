@@ -329,14 +329,13 @@ def floor_note(primary: str, ranking: Ranking, suite: list[str]) -> str | None:
     None when the board has no floor."""
     if ranking.floor is None:
         return None
-    guess = max(ranking.floor, ranking.chance or 0.0)
     chance = "" if ranking.chance is None else f"; chance is {100 * ranking.chance:.1f} %"
-    guessed = FLOORS[primary][1] if primary in FLOORS else "an input-independent guess"
     per_input = any(r.leakage is not None and r.leakage.inputs for r in ranking.rows)
+    chance_hits = max(ranking.floor, ranking.chance or 0.0)
     return (
         f"Floor: the same test applied to the best input-independent guess ({ranking.floor_metric}: "
-        f"{guessed}) scores {100 * ranking.floor:.1f} %{chance}."
-        + (suite_floor_note(guess, attacks_per_input(suite)) if per_input else "")
+        f"{FLOORS[primary][1]}) scores {100 * ranking.floor:.1f} %{chance}."
+        + (suite_floor_note(chance_hits, attacks_per_input(suite)) if per_input else "")
     )
 
 
