@@ -367,7 +367,9 @@ def train_classifier(
     net.train()
     n = len(labels)
     for _ in range(epochs):
-        order = torch.randperm(n, generator=gen)
+        # drawn on the CPU generator (the same order on every device), gathered where the data lives:
+        # index_select, unlike features[idx], wants its index on the data's device
+        order = torch.randperm(n, generator=gen).to(features.device)
         for i in range(0, n, batch):
             idx = order[i : i + batch]
             xb, yb = features.index_select(0, idx), labels.index_select(0, idx)  # = features[idx], faster
