@@ -119,8 +119,11 @@ def _stable(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _entries(cache: Path) -> list[Path]:
-    """The run entries (not the derived columns stored beside them, `fedbench.execution.derived`)."""
-    return sorted(p for p in cache.rglob("output.pkl") if "_derived_entry" not in p.parts)
+    """The run entries (not the derived columns and the run summaries stored beside them:
+    `fedbench.execution.derived`, `fedbench.reporting.run_summary`)."""
+    return sorted(
+        p for p in cache.rglob("output.pkl") if not {"_derived_entry", "_summary_entry"} & set(p.parts)
+    )
 
 
 def _fedbench(*args: str) -> list[str]:

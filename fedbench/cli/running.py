@@ -193,7 +193,7 @@ def run_cmd(
         )
         raise typer.Exit(130) from None
     elapsed = time.perf_counter() - started
-    written = _print_summary(records, path)
+    written = _print_summary(records, path, cache)
     status = ", ".join(f"{counts[s]} {s}" for s in ("done", "cached", "skipped", *STOP_STATUSES) if counts[s])
     err.print(f"{len(records)} runs in {elapsed:.1f} s ({status})", highlight=False)
     if len(records) < len(grid.specs):
@@ -303,41 +303,36 @@ def _run_with_bar(grid, setup, cache, output, counts, command, fail_fast, n_jobs
         )
 
 
-def _print_summary(records, path) -> dict[str, str]:
+def _print_summary(records, path, cache=None) -> dict[str, str]:
     """Print the leaderboard of the run (or the trade-off table when it spans several scenarios);
-    write its markdown and trade-off plot next to the results. Returns {what: where written}."""
-    from fedbench.errors import FedbenchError
-
+    write its markdown and trade-off plot next to the results. Returns {what: where written}. The
+    summary comes from the run cache when it holds one of the same results and code
+    (`fedbench.reporting.run_summary`)."""
     if path is None or not any(r.status == "ok" for r in records):
         return {}
-    from fedbench.reporting import leaderboard as lb
     from fedbench.reporting.renderers import to_rich
     from fedbench.reporting.results import atomic_write
-    from fedbench.reporting.tables import load_results, pivot, to_markdown
+    from fedbench.reporting.run_summary import run_summary
 
-    rs = load_results([path])
-    written: dict[str, str] = {}
-    try:
-        board, entries = lb.build(rs)
-        table = lb.board_pivot(board, entries, compact=True)
-        markdown = lb.render_readme(board, entries)
-    except FedbenchError:  # several scenarios or no `none` baseline: the plain trade-off table
-        table = pivot(rs)
-        markdown = to_markdown(table)
-    out.print(to_rich(table))
+    summary = run_summary(path, cache)
+    for message in cache.take_warnings() if cache is not None else ():  # a damaged stored summary
+        err.print(f"warning: {message}", highlight=False)
+    out.print(to_rich(summary["table"]))
     md = path.with_suffix(".md")
-    atomic_write(md, markdown)
-    written["markdown"] = str(md)
-    try:
-        from fedbench.reporting.plots import random_floor, save_tradeoff
+    atomic_write(md, summary["markdown"])
+    written: dict[str, str] = {"markdown": str(md)}
+    plot = summary["plot"]
+    if "error" in plot:
+        written["plot"] = f"not drawn ({plot['error']})"
+        return written
+    from fedbench.errors import FedbenchError
+    from fedbench.reporting.plots import save_tradeoff
 
-        points, ulabel, llabel = lb.tradeoff_points(
-            pivot(rs, rows=["defense"]) if len(table.row_keys) == 1 else pivot(rs)
+    png = path.with_name(path.stem + "-tradeoff.png")
+    try:
+        save_tradeoff(
+            plot["points"], png, plot["utility_label"], plot["leakage_label"], plot["title"], plot["floor"]
         )
-        png = path.with_name(path.stem + "-tradeoff.png")
-        title = str(rs.sidecars[-1].get("description", ""))
-        floor = random_floor(rs.frame, llabel.split(" ", 1)[0])  # the label starts with the metric's name
-        save_tradeoff(points, png, ulabel, llabel, title=title, floor=floor)
         written["plot"] = str(png)
     except FedbenchError as exc:
         written["plot"] = f"not drawn ({exc})"

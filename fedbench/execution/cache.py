@@ -86,6 +86,10 @@ def _derived_entry(key: str, compute: Callable[[], Any]) -> Any:
     return compute()
 
 
+def _summary_entry(key: str, compute: Callable[[], Any]) -> Any:
+    return compute()
+
+
 class ArtifactStore:
     """The derived artifacts of one RunCache: computed once, stored in its folder beside the runs.
 
@@ -224,6 +228,11 @@ def _check_derived(value: Any) -> None:
         raise ValueError(f"holds a {type(value).__name__}, not derived columns")
 
 
+def _check_summary(value: Any) -> None:
+    if not isinstance(value, dict) or not isinstance(value.get("markdown"), str) or "table" not in value:
+        raise ValueError(f"holds a {type(value).__name__}, not a run summary")
+
+
 def _check_run_result(value: Any) -> None:
     if not isinstance(value, dict) or "seconds" not in value:
         raise ValueError(f"holds a {type(value).__name__}, not a run result")
@@ -306,6 +315,7 @@ class RunCache:
                 "attack": self._memory.cache(_attack_entry, ignore=["job", "compute"]),
             }
             self._derived = self._memory.cache(_derived_entry, ignore=["compute"])
+            self._summary = self._memory.cache(_summary_entry, ignore=["compute"])
             self.artifacts = ArtifactStore(self._memory, self._warnings, self._locked, force)
 
     @property
@@ -367,6 +377,16 @@ class RunCache:
             return self._derived.call(key, compute)[0], False
         args = (key, compute)
         return _load_or_compute(self._derived, args, "derived", key, self._warnings, _check_derived)
+
+    def summary(self, key: str, compute: Callable[[], dict]) -> tuple[dict, bool]:
+        """(value, came_from_cache) of what `fedbench run` prints after its runs, with this key
+        (`fedbench.reporting.run_summary`, whose key holds everything it is computed from); as `derived`."""
+        if self._memory is None:
+            return compute(), False
+        if self.force:
+            return self._summary.call(key, compute)[0], False
+        args = (key, compute)
+        return _load_or_compute(self._summary, args, "summary", key, self._warnings, _check_summary)
 
     def has_utility(self, key: str) -> bool:
         return self._has("utility", key)
