@@ -86,7 +86,7 @@ def test_rows_disagree_beyond_their_intervals_only():
     )
     assert agree == []
     apart = compare_rows(
-        {"a": row("a", 0.1, 0.2)}, {"a": row("a", 0.5, 0.9, rank_low=3, rank_high=4)}, "reid"
+        {"a": row("a", 0.1, 0.2)}, {"a": row("a", 0.5, 0.9, rank=3, rank_low=3, rank_high=4)}, "reid"
     )
     assert apart == ["a: reid [10.0, 20.0] on the full board, [50.0, 90.0] on the slice",
                      "a: rank 1-2 on the full board, 3-4 on the slice"]  # fmt: skip
@@ -94,6 +94,22 @@ def test_rows_disagree_beyond_their_intervals_only():
     assert budget == ["a: within the utility budget on the full board, not on the slice"]
     borderline = {"a": row("a", 0.1, 0.2, admissible=False, borderline=True)}
     assert compare_rows({"a": row("a", 0.1, 0.2)}, borderline, "reid") == []
+
+
+def test_a_rank_agrees_through_its_tie_band():
+    """The attribute board's case: rank 2 on the full board, whose drawn ranks are 3-6 (two rows below it
+    by noise-level margins), rank 1 in a tie of 6 on the slice, drawn 1-2; the rates agree. The tie band
+    (the ranks no paired test separates) counts as the row's ranks beside the drawn interval."""
+    full = row("a", 0.87, 0.96, rank=2, rank_low=3, rank_high=6)
+    tied = row("a", 0.81, 0.97, rank=1, rank_low=1, rank_high=2)
+    tied.tied = 6
+    assert compare_rows({"a": full}, {"a": tied}, "asr") == []
+    alone = row("a", 0.81, 0.97, rank=1, rank_low=1, rank_high=2)  # tied with none: 1-2 against 2-6
+    assert compare_rows({"a": full}, {"a": alone}, "asr") == []
+    apart = row("a", 0.81, 0.97, rank=7, rank_low=7, rank_high=8)
+    assert compare_rows({"a": full}, {"a": apart}, "asr") == [
+        "a: rank 2-6 on the full board, 7-8 on the slice"
+    ]
 
 
 def test_a_rate_with_no_success_has_its_exact_interval_and_a_slice_agrees_by_it():

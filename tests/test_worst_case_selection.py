@@ -138,3 +138,58 @@ def test_the_entry_and_the_readme_state_the_rule(tmp_path):
     assert "0.49 ± " in readme  # an AUC is a bounded mean: its t interval, well inside [0, 1]
     gap = board.baseline.gap  # the baseline's gap reads the same per-seed worst case of `none`
     assert gap.mean == pytest.approx(0.71 - 0.5)
+
+
+# ------------------------------------------------------------------------------ v2 boards (board_rank)
+
+
+def _entry(values: dict[str, list[list[int]]], name: str = "asr") -> dict:
+    """An entry whose attacks kept per-input 0/1 values of `name` on seeds 0..S-1 (one victim batch)."""
+    return {
+        "per_input": {
+            attack: {
+                str(s): {"victims": [0], "counts": [len(v)], "values": {name: v}} for s, v in enumerate(seeds)
+            }
+            for attack, seeds in values.items()
+        }
+    }
+
+
+# Two guessers right on complementary inputs (2 of 4 each per seed) and an adversary right on 3, 3, 2.
+GUESSES = {
+    "a": [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]],
+    "b": [[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]],
+    "c": [[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]],
+}
+
+
+def test_a_board_takes_an_attribute_attacks_worst_on_held_out_seeds():
+    """The per-input maximum of guessers a and b would read 100 %; the board reports, on each seed, the
+    attack with the highest rate on the other seeds (c: 62.5 % or 75 % against a's and b's 50 %), with
+    that attack's own per-input values."""
+    from fedbench.reporting.board_rank import held_out, worst_per_input
+
+    assert held_out("asr") and not held_out("reid")
+    leak = worst_per_input(_entry(GUESSES), "asr")
+    assert {s: v.tolist() for s, v in leak.inputs.items()} == {
+        0: [1, 1, 1, 0],
+        1: [1, 1, 1, 0],
+        2: [1, 1, 0, 0],
+    }
+    assert all(attacks == [("c",)] * 4 for attacks in leak.attack.values())
+    assert leak.point() == pytest.approx(8 / 12)  # not the 1.0 of the per-input maximum
+
+
+def test_one_seed_chooses_in_sample():
+    from fedbench.reporting.board_rank import worst_per_input
+
+    leak = worst_per_input(_entry({a: v[:1] for a, v in GUESSES.items()}), "asr")
+    assert leak.inputs[0].tolist() == [1, 1, 1, 0] and leak.attack[0][0] == ("c",)
+
+
+def test_a_board_keeps_the_per_input_maximum_for_reconstructions():
+    from fedbench.reporting.board_rank import worst_per_input
+
+    leak = worst_per_input(_entry(GUESSES, "reid"), "reid")
+    assert [v.tolist() for v in leak.inputs.values()] == [[1, 1, 1, 1]] * 3
+    assert leak.point() == 1.0

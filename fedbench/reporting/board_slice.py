@@ -9,9 +9,10 @@ NAME --slice` builds it as a board of its own, `<name>-slice`, whose board.json 
 A slice is only worth its time if its ranks agree with the full board's. `slice_disagreements` says
 where they do not, and `fedbench leaderboard check` runs it on every slice beside its full board: a
 row must be on the same side of the utility budget (unless either is borderline), and a ranked row's
-rank interval (the bootstrap's 95 % range) and its primary metric's interval must overlap the full
-board's (for a rate, the table's interval contains the exact interval of its count, so 0 of 20 on a
-slice, [0, 16.8 %], overlaps 5 of 100: `board_rank.rate_interval`).
+ranks (its tie band joined with the bootstrap's 95 % range of its drawn rank, `_ranks`) and its primary
+metric's interval must overlap the full board's (for a rate, the table's interval contains the exact
+interval of its count, so 0 of 20 on a slice, [0, 16.8 %], overlaps 5 of 100:
+`board_rank.rate_interval`).
 A slice has wider intervals, so agreement within them is the claim it can make.
 """
 
@@ -71,16 +72,22 @@ def compare_rows(rows: dict[str, Row], srows: dict[str, Row], primary: str) -> l
                 f"{name}: {primary} [{_pct(full_interval[0])}, {_pct(full_interval[1])}] on the full "
                 f"board, [{_pct(slice_interval[0])}, {_pct(slice_interval[1])}] on the slice"
             )
-        if (
-            r.rank is not None
-            and s.rank is not None
-            and not _overlap((r.rank_low, r.rank_high), (s.rank_low, s.rank_high))
-        ):
-            out.append(
-                f"{name}: rank {r.rank_low}-{r.rank_high} on the full board, "
-                f"{s.rank_low}-{s.rank_high} on the slice"
-            )
+        if r.rank is not None and s.rank is not None and not _overlap(_ranks(r), _ranks(s)):
+            (a, b), (c, d) = _ranks(r), _ranks(s)
+            out.append(f"{name}: rank {a}-{b} on the full board, {c}-{d} on the slice")
     return out
+
+
+def _ranks(row: Row) -> tuple[int, int]:
+    """The ranks a ranked row may hold: its published tie band (rank .. rank + tied - 1, the rows no
+    paired test separates from it) joined with the bootstrap's 95 % interval of its drawn rank. The
+    drawn rank (1 + the rows with a lower drawn rate) orders rows the tests call tied by noise: on the
+    attribute board, two rows at rank 2 drew ranks 3-6 on 3 seeds and 1-2 on the 1-seed slice, where
+    their rates agree within their intervals."""
+    low, high = row.rank, row.rank + row.tied - 1
+    if row.rank_low is not None and row.rank_high is not None:
+        low, high = min(low, row.rank_low), max(high, row.rank_high)
+    return low, high
 
 
 def _pct(x: float | None) -> str:

@@ -18,6 +18,7 @@ from fedbench.reporting.board_rank import (
     Ranking,
     Row,
     has_adaptive,
+    held_out,
     is_adaptive,
     is_noise,
     operating_point,
@@ -35,6 +36,14 @@ FLOORS = {
     "asr": ("asr_majority", "always answering the attribute's most common class"),
 }
 FLOOR_OF = {primary: column for primary, (column, _) in FLOORS.items()}
+# how a row's leakage is taken over the suite (`board_rank.worst_per_input`), by whether it is held out
+WORST_CASE = {
+    False: "the worst case per input over the attack suite",
+    True: (
+        "the worst attack of the suite per seed, chosen by its rate on the other seeds (the best of several "
+        "guesses per input would count luck as leakage)"
+    ),
+}
 # secondary per-input columns an inversion board shows (medians over inputs, best attack per input)
 MEDIANS = ("psnr", "ssim", "lpips")
 
@@ -330,7 +339,9 @@ def floor_note(primary: str, ranking: Ranking, suite: list[str]) -> str | None:
     if ranking.floor is None:
         return None
     chance = "" if ranking.chance is None else f"; chance is {100 * ranking.chance:.1f} %"
-    per_input = any(r.leakage is not None and r.leakage.inputs for r in ranking.rows)
+    per_input = not held_out(primary) and any(
+        r.leakage is not None and r.leakage.inputs for r in ranking.rows
+    )
     chance_hits = max(ranking.floor, ranking.chance or 0.0)
     return (
         f"Floor: the same test applied to the best input-independent guess ({ranking.floor_metric}: "
@@ -342,7 +353,7 @@ def floor_note(primary: str, ranking: Ranking, suite: list[str]) -> str | None:
 def _notes(board: Board, ranking: Ranking) -> list[str]:
     prim = metric(board.primary)
     out = [
-        f"Ranked by {prim.name} ({prim.about}), the worst case per input over the attack suite, lower is "
+        f"Ranked by {prim.name} ({prim.about}), {WORST_CASE[held_out(prim.name)]}, lower is "
         f"better, among the configurations whose accuracy drop vs `none` (paired by seed) is at most "
         f"{board.utility_budget:g} points (the utility budget). A rate's interval is a two-stage bootstrap "
         f"(seeds, then inputs within a seed; {ranking.draws} draws, fixed RNG), so inputs that share a "
