@@ -371,22 +371,24 @@ class RunCache:
         """(value, came_from_cache) of a run's derived columns with this key (`fedbench.execution.derived`,
         whose key holds everything they are computed from); `compute()` makes them on a miss and with
         `force`. Not locked: a derived value costs little, and two processes store the same value."""
-        if self._memory is None:
-            return compute(), False
-        if self.force:
-            return self._derived.call(key, compute)[0], False
-        args = (key, compute)
-        return _load_or_compute(self._derived, args, "derived", key, self._warnings, _check_derived)
+        return self._keyed("derived", key, compute, _check_derived)
 
     def summary(self, key: str, compute: Callable[[], dict]) -> tuple[dict, bool]:
         """(value, came_from_cache) of what `fedbench run` prints after its runs, with this key
         (`fedbench.reporting.run_summary`, whose key holds everything it is computed from); as `derived`."""
+        return self._keyed("summary", key, compute, _check_summary)
+
+    def _keyed(
+        self, what: str, key: str, compute: Callable[[], dict], check: Callable[[Any], None]
+    ) -> tuple[dict, bool]:
+        """A value stored under a key that names everything it is computed from (`derived`, `summary`:
+        the memoised function `self._<what>`)."""
         if self._memory is None:
             return compute(), False
+        func = getattr(self, f"_{what}")
         if self.force:
-            return self._summary.call(key, compute)[0], False
-        args = (key, compute)
-        return _load_or_compute(self._summary, args, "summary", key, self._warnings, _check_summary)
+            return func.call(key, compute)[0], False
+        return _load_or_compute(func, (key, compute), what, key, self._warnings, check)
 
     def has_utility(self, key: str) -> bool:
         return self._has("utility", key)

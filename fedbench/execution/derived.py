@@ -89,12 +89,7 @@ def environment() -> dict[str, Any]:
     present (`fedbench.metrics.lpips_metric.BACKBONE_FILES`), read once per process."""
     from fedbench.metrics.lpips_metric import BACKBONE_FILES
 
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+    versions = package_versions(PACKAGES)
     checkpoints = os.path.join(torch_hub_dir(), "checkpoints")
     present = sorted(f for f in BACKBONE_FILES.values() if os.path.isfile(os.path.join(checkpoints, f)))
     return {
@@ -102,6 +97,17 @@ def environment() -> dict[str, Any]:
         "lpips_weights": present,
         "lpips": importlib.util.find_spec("lpips") is not None,
     }
+
+
+def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """{package: installed version, None when not installed}, read without importing the packages."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def torch_hub_dir() -> str:

@@ -165,21 +165,33 @@ def _held_out_inputs(table: dict[str, dict[int, dict[Any, float]]], name: str) -
     """Per seed, the per-input values of the attack whose mean over the other seeds' inputs leaks most
     (ties by name; with one seed, its own mean: nothing is held out)."""
     sign = metric(name).leakage_sign
+    table = {a: {s: cells for s, cells in seeds.items() if cells} for a, seeds in table.items()}
+
+    def rate(attack: str, seeds: list[int]) -> float:
+        values = [v for t in seeds for v in table[attack].get(t, {}).values()]
+        return sign * float(np.mean(values)) if values else -math.inf
+
     out = Leakage()
-    seeds = sorted({s for per_seed in table.values() for s in per_seed})
-    for s in seeds:
-        others = [t for t in seeds if t != s] or [s]
-
-        def held_out(attack: str, others: list[int] = others) -> float:
-            values = [v for t in others for v in table[attack].get(t, {}).values()]
-            return sign * float(np.mean(values)) if values else -math.inf
-
-        best = max((a for a in table if table[a].get(s)), key=lambda a: (held_out(a), a))
+    for s, best in _held_out_picks(table, rate).items():
         cells = table[best][s]
         keys = sorted(cells, key=sort_key)
         out.inputs[s] = np.array([cells[k] for k in keys], dtype=float)
         out.attack[s] = [(best,)] * len(keys)
     return out
+
+
+def _held_out_picks(
+    per_attack: dict[str, dict[int, Any]], rate: Callable[[str, list[int]], float]
+) -> dict[int, str]:
+    """{seed: the attack with the highest `rate(attack, other seeds)` among those that ran on it} (ties
+    by name; with one seed, its own rate: nothing is held out)."""
+    seeds = sorted({s for recs in per_attack.values() for s in recs})
+    picks = {}
+    for s in seeds:
+        others = [t for t in seeds if t != s] or [s]
+        candidates = [a for a in per_attack if s in per_attack[a]]
+        picks[s] = max(candidates, key=lambda a, others=others: (rate(a, others), a))
+    return picks
 
 
 def _worst_counts(entry: dict[str, Any], name: str, keep: Keep = None) -> Leakage:
@@ -214,18 +226,14 @@ def _worst_counts(entry: dict[str, Any], name: str, keep: Keep = None) -> Leakag
                 per_attack.setdefault(attack, {})[_seed_key(s)] = rec
     if not per_attack:
         return out
-    seeds = sorted({s for recs in per_attack.values() for s in recs})
-    for s in seeds:
-        others = [t for t in seeds if t != s] or [s]
 
-        def held_out(attack: str, others: list[int] = others) -> float:
-            recs = per_attack[attack]
-            k = sum(recs[t][name] * recs[t][f"{name}:n"] for t in others if t in recs)
-            n = sum(recs[t][f"{name}:n"] for t in others if t in recs)
-            return k / n if n else -math.inf
+    def rate(attack: str, seeds: list[int]) -> float:
+        recs = per_attack[attack]
+        k = sum(recs[t][name] * recs[t][f"{name}:n"] for t in seeds if t in recs)
+        n = sum(recs[t][f"{name}:n"] for t in seeds if t in recs)
+        return k / n if n else -math.inf
 
-        candidates = [a for a in per_attack if s in per_attack[a]]
-        best = max(candidates, key=lambda a: (held_out(a), a))
+    for s, best in _held_out_picks(per_attack, rate).items():
         rec = per_attack[best][s]
         n = float(rec[f"{name}:n"])
         out.counts[s] = (round(rec[name] * n, 6), n)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.metadata
 import io
 from functools import cache
 from pathlib import Path
@@ -73,13 +72,9 @@ def code_digest() -> str:
 
 @cache
 def environment() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    from fedbench.execution.derived import package_versions
+
+    return package_versions(PACKAGES)
 
 
 def compute_summary(path: Path) -> dict[str, Any]:
